@@ -1,0 +1,80 @@
+"""How many draft tokens are worth one verification forward.
+
+A forward over k tokens costs cost(k) ms, measured on the actual hardware at
+start-up (`CostCurve`). A tree whose rows are accepted with probabilities
+p_1..p_n yields, in expectation, 1 + sum(p_i) tokens (the accepted path plus
+the model's bonus token). Verifying the first k rows therefore buys
+(1 + sum_{i<=k} p_i) / cost(1 + k) tokens per ms, against 1 / cost(1) for a
+plain step. The policy picks the k with the best rate, often 0 when the trie
+match is weak: then the step is a plain decode step.
+
+The trie's probabilities are raw frequencies; `Calibration` rescales them by
+the accepted/predicted ratio seen so far, so an over-confident trie is not
+trusted blindly.
+
+Pure Python; no torch.
+"""
+
+import bisect
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CostCurve:
+    """Forward cost by tokens in flight, linearly interpolated between measured points."""
+
+    points: dict[int, float]  # tokens in one forward -> ms
+
+    def __post_init__(self) -> None:
+        assert 1 in self.points, "the curve needs the 1-token (plain step) cost"
+        self._ks = sorted(self.points)
+
+    def __call__(self, n: int) -> float:
+        ks, pts = self._ks, self.points
+        if n in pts:
+            return pts[n]
+        if n >= ks[-1]:  # extrapolate along the last segment
+            a, b = (ks[-2], ks[-1]) if len(ks) > 1 else (ks[-1], ks[-1])
+        else:
+            i = bisect.bisect_left(ks, n)
+            a, b = ks[i - 1], ks[i]
+        if a == b:
+            return pts[a] * n / a
+        return pts[a] + (pts[b] - pts[a]) * (n - a) / (b - a)
+
+    @classmethod
+    def flat(cls) -> "CostCurve":
+        """Every forward costs the same: PIA's implicit assumption."""
+        return cls({1: 1.0, 4096: 1.0})
+
+
+@dataclass
+class Calibration:
+    """Running ratio of accepted tokens to the trie's predicted sum, per step."""
+
+    predicted: float = 4.0  # a mild prior: trust the trie at about 3/4
+    accepted: float = 3.0
+    decay: float = 0.98
+    history: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def factor(self) -> float:
+        return min(1.0, max(0.05, self.accepted / self.predicted))
+
+    def update(self, predicted: float, accepted: int) -> None:
+        if predicted <= 0:
+            return
+        self.predicted = self.predicted * self.decay + predicted
+        self.accepted = self.accepted * self.decay + accepted
+
+
+def choose_drafts(probs: list[float], cost: CostCurve, factor: float, max_drafts: int) -> int:
+    """Number of leading draft rows to verify (0 = plain step). probs[0] is the root."""
+    best_k, best_rate = 0, 1.0 / cost(1)
+    gain = 1.0
+    for k in range(1, min(len(probs) - 1, max_drafts) + 1):
+        gain += probs[k] * factor
+        rate = gain / cost(1 + k)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k

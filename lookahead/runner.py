@@ -1,0 +1,122 @@
+"""The one module that runs the model: prefill, tree verification, cost curve.
+
+Everything above it (draft, verify, generate) passes token lists and gets
+logits back; only here do tensors meet the device. Works on any Hugging Face
+causal LM whose forward honours a 4D boolean attention mask and explicit
+`position_ids`; `check_tree_masks` proves that at load instead of assuming it.
+"""
+
+import inspect
+import logging
+import statistics
+import time
+
+import torch
+
+from .draft import DraftTree
+from .fast_linear import FastLinears
+from .kv_cache import KVCache
+from .policy import CostCurve
+from .tree_mask import TreeInputs, causal_inputs, tree_inputs
+
+log = logging.getLogger(__name__)
+
+COST_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        params = inspect.signature(model.forward).parameters
+        # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = "logits_to_keep" in params
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        if fast_small_matmul is None:
+            fast_small_matmul = self.device.type == "cpu"
+        self._fast = FastLinears(model, fast_small_matmul)
+
+    # ---- forwards --------------------------------------------------------
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(self.num_layers, capacity)
+
+    @torch.inference_mode()
+    def _forward(self, cache: KVCache, inputs: TreeInputs, keep_last: int | None) -> torch.Tensor:
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if keep_last is not None and self._keep_kw:
+            kwargs["logits_to_keep"] = keep_last
+        with self._fast.active():
+            out = self.model(
+                input_ids=inputs.input_ids,
+                attention_mask=inputs.attention_mask,
+                position_ids=inputs.position_ids,
+                **kwargs,
+            )
+        logits = out.logits[0]  # [rows, vocab]
+        if keep_last is not None:
+            logits = logits[-keep_last:]
+        return logits.float()
+
+    def prefill(self, cache: KVCache, tokens: list[int]) -> None:
+        """Commit `tokens` to the cache without computing their logits (the last one is left as the next root)."""
+        if not tokens:
+            return
+        base = cache.length
+        self._forward(cache, causal_inputs(tokens, base, self.device), keep_last=1)
+        cache.length = base + len(tokens)
+
+    def verify(self, cache: KVCache, tree: DraftTree) -> torch.Tensor:
+        """Logits of every tree row, [1 + n, vocab]. Rows are written after the committed cache; call commit next."""
+        return self._forward(cache, tree_inputs(tree, cache.length, self.device), keep_last=len(tree.tokens))
+
+    # ---- start-up checks -------------------------------------------------
+    @torch.inference_mode()
+    def check_tree_masks(self) -> None:
+        """Two sibling rows at the same position must each match that token run alone."""
+        name = type(self.model).__name__
+        a, b = 5, 7
+        try:
+            cache = self.new_cache(8)
+            self.prefill(cache, [3])
+            sib = DraftTree(tokens=[a, b], parents=[-1, -1], depths=[0, 0], probs=[1.0, 1.0])
+            both = self.verify(cache, sib)
+            alone = []
+            for tok in (a, b):
+                c = self.new_cache(8)
+                self.prefill(c, [3])
+                alone.append(self.verify(c, DraftTree([tok], [-1], [0], [1.0]))[0])
+        except Exception as e:  # noqa: BLE001 - any failure here means "unsupported"
+            raise UnsupportedModelError(f"{name} failed a forward with a 4D attention mask: {e}") from e
+        for row, ref in enumerate(alone):
+            if not torch.allclose(both[row], ref, atol=1e-3, rtol=1e-3):
+                raise UnsupportedModelError(
+                    f"{name} ignores 4D attention masks (sibling rows leak into each other); "
+                    "lookahead tree verification cannot run on it"
+                )
+
+    @torch.inference_mode()
+    def measure_cost_curve(self, context: int = 512, sizes: tuple[int, ...] = COST_SIZES, reps: int = 3) -> CostCurve:
+        """Median ms of a verification forward of each size, after `context` committed tokens."""
+        vocab = self.model.config.get_text_config().vocab_size
+        gen = torch.Generator().manual_seed(0)
+        ctx = torch.randint(0, vocab, (context,), generator=gen).tolist()
+        cache = self.new_cache(context + max(sizes) + 1)
+        self.prefill(cache, ctx)
+        points = {}
+        for n in sizes:
+            chain = DraftTree(ctx[:n], [-1] + list(range(n - 1)), list(range(n)), [1.0] * n)
+            times = []
+            for _ in range(reps + 1):
+                t0 = time.perf_counter()
+                self.verify(cache, chain)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            points[n] = statistics.median(times[1:])
+        log.info("forward cost curve (ms by tokens): %s", {k: round(v, 1) for k, v in points.items()})
+        return CostCurve(points)
