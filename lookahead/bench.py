@@ -1,0 +1,196 @@
+"""Benchmark: plain HF `generate` vs lookahead (and the project's own plain loop), same process, same prompts.
+
+    python -m lookahead.bench --model smollm2-135m-instruct --prompts ../shared/data/humaneval.jsonl \
+        --limit 20 --max-new-tokens 128 --chat --json results/humaneval.json
+
+Per prompt, in file order, the three decoders run back to back, their order
+alternating between prompts. The trie starts empty and learns across prompts as
+a fresh server would. Each generation is timed end to end and over its decode
+phase (after the first new token, so prefill is left out). Speedups are ratios
+of summed times against the `generate` baseline measured in this run.
+"""
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import LookaheadConfig
+from .generate import Generation, LookaheadDecoder, StopCriteria
+from .models import load_model
+from .reference import TimedOutput, hf_generate
+from .runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptResult:
+    id: str
+    prompt_tokens: int
+    baseline: TimedOutput
+    own_plain: Generation
+    lookahead: Generation
+
+    def as_json(self) -> dict:
+        la, own = self.lookahead.stats, self.own_plain.stats
+        return {
+            "id": self.id,
+            "prompt_tokens": self.prompt_tokens,
+            "baseline_ids": self.baseline.tokens,
+            "lookahead_ids": self.lookahead.tokens,
+            "own_plain_ids": self.own_plain.tokens,
+            "baseline_s": self.baseline.total_s,
+            "baseline_decode_s": self.baseline.total_s - self.baseline.first_token_s,
+            "lookahead_s": la.total_s,
+            "lookahead_decode_s": la.total_s - la.first_token_s,
+            "own_plain_s": own.total_s,
+            "own_plain_decode_s": own.total_s - own.first_token_s,
+            "steps": la.steps,
+            "mean_accepted": la.mean_accepted,
+            "mean_drafts": la.mean_drafts,
+            "identical": self.lookahead.tokens == self.baseline.tokens,
+            "own_plain_identical": self.own_plain.tokens == self.baseline.tokens,
+        }
+
+
+def encode(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat:
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+        return list(ids)
+    return tokenizer(text)["input_ids"]
+
+
+def summarize(rows: list[dict]) -> dict:
+    def total(key):
+        return sum(r[key] for r in rows)
+
+    new_tokens = sum(len(r["baseline_ids"]) for r in rows)
+    la_tokens = sum(len(r["lookahead_ids"]) for r in rows)
+    own_tokens = sum(len(r["own_plain_ids"]) for r in rows)
+    steps = total("steps")
+    return {
+        "prompts": len(rows),
+        "speedup": total("baseline_s") / total("lookahead_s"),
+        "decode_speedup": total("baseline_decode_s") / total("lookahead_decode_s"),
+        "own_plain_speedup": total("baseline_s") / total("own_plain_s"),
+        "own_plain_decode_speedup": total("baseline_decode_s") / total("own_plain_decode_s"),
+        "identical": all(r["identical"] for r in rows),
+        "own_plain_identical": all(r["own_plain_identical"] for r in rows),
+        "baseline_tok_s": new_tokens / total("baseline_s"),
+        "lookahead_tok_s": la_tokens / total("lookahead_s"),
+        "own_plain_tok_s": own_tokens / total("own_plain_s"),
+        "mean_accepted": la_tokens / steps if steps else 0.0,
+    }
+
+
+def run(args) -> dict:
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    runner = ModelRunner(lm.model)
+    runner.check_tree_masks()
+    la_cfg = LookaheadConfig(
+        decoding_length=args.decoding_length,
+        branch_length=args.branch_length,
+        decoding_mode=args.mode,
+        adaptive=not args.fixed_budget,
+    )
+    decoder = LookaheadDecoder(runner, la_cfg, lm.tokenizer, eos_token_ids=lm.eos_token_ids)
+    stop = StopCriteria(max_new_tokens=args.max_new_tokens, eos_token_ids=frozenset(lm.eos_token_ids))
+    rows = [json.loads(line) for line in open(args.prompts, encoding="utf-8")]
+    rows = rows[: args.limit] if args.limit else rows
+    prompts = [(r["id"], encode(lm.tokenizer, r["prompt"], args.chat)) for r in rows]
+
+    # Warm-up of every path, then forget what it taught, so the trie starts empty.
+    warm = prompts[0][1][:64]
+    hf_generate(lm.model, warm, 8, lm.eos_token_ids)
+    decoder.generate(warm, stop=StopCriteria(8, frozenset(lm.eos_token_ids)))
+    decoder.memory.clear()
+
+    off = LookaheadConfig(enabled=False)
+    results = []
+    for i, (pid, ids) in enumerate(prompts):
+        runs = {}
+        order = ["baseline", "own_plain", "lookahead"]
+        for name in order if i % 2 == 0 else order[::-1]:
+            if name == "baseline":
+                runs[name] = hf_generate(lm.model, ids, args.max_new_tokens, lm.eos_token_ids)
+            elif name == "own_plain":
+                runs[name] = decoder.generate(ids, stop=stop, lookahead=off)
+            else:
+                runs[name] = decoder.generate(ids, stop=stop)
+        res = PromptResult(pid, len(ids), runs["baseline"], runs["own_plain"], runs["lookahead"])
+        results.append(res.as_json())
+        print_row(results[-1], i + 1, len(prompts))
+    summary = summarize(results)
+    summary.update(
+        model=args.model,
+        prompts_file=str(args.prompts),
+        max_new_tokens=args.max_new_tokens,
+        decoding_length=args.decoding_length,
+        branch_length=args.branch_length,
+        mode=args.mode,
+        adaptive=not args.fixed_budget,
+        chat=args.chat,
+        cost_curve_ms={str(k): round(v, 2) for k, v in decoder.cost.points.items()},
+        machine=f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}, device {runner.device}",
+    )
+    return {"summary": summary, "prompts": results}
+
+
+def print_row(r: dict, i: int, n: int) -> None:
+    print(
+        f"[{i:3d}/{n}] {r['id']:<22} prompt {r['prompt_tokens']:5d} new {len(r['baseline_ids']):4d} "
+        f"| generate {r['baseline_s']:6.2f}s  own-plain {r['own_plain_s']:6.2f}s  lookahead {r['lookahead_s']:6.2f}s "
+        f"| x{r['baseline_s'] / r['lookahead_s']:.2f} decode x{r['baseline_decode_s'] / r['lookahead_decode_s']:.2f} "
+        f"| {r['mean_accepted']:.2f} tok/step | {'identical' if r['identical'] else 'DIFFERENT'}",
+        flush=True,
+    )
+
+
+def print_summary(s: dict) -> None:
+    print(f"\n{s['prompts_file']}: {s['prompts']} prompts, {s['max_new_tokens']} new tokens, {s['machine']}")
+    print(f"  generate   {s['baseline_tok_s']:7.2f} tok/s")
+    print(f"  own plain  {s['own_plain_tok_s']:7.2f} tok/s  (x{s['own_plain_speedup']:.2f}, decode x{s['own_plain_decode_speedup']:.2f})")
+    print(f"  lookahead  {s['lookahead_tok_s']:7.2f} tok/s  (x{s['speedup']:.2f}, decode x{s['decode_speedup']:.2f}), "
+          f"{s['mean_accepted']:.2f} tokens/step, identical: {s['identical']}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lookahead.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--prompts", required=True, type=Path, help="JSONL with id and prompt")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--decoding-length", type=int, default=64)
+    p.add_argument("--branch-length", type=int, default=12)
+    p.add_argument("--mode", choices=["hier", "par", "one"], default="hier")
+    p.add_argument("--fixed-budget", action="store_true", help="PIA-style: always verify up to decoding_length drafts")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    t0 = time.time()
+    out = run(args)
+    print_summary(out["summary"])
+    print(f"  ({time.time() - t0:.0f} s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0 if out["summary"]["identical"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

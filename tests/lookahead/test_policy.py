@@ -1,0 +1,33 @@
+from lookahead.policy import Calibration, CostCurve, choose_drafts
+
+CPU = CostCurve({1: 44.6, 2: 64.4, 4: 63.8, 8: 67.5, 16: 81.6, 32: 111, 64: 149})
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    assert CPU(1) == 44.6
+    assert abs(CPU(12) - (67.5 + (81.6 - 67.5) / 2)) < 1e-9
+    assert CPU(128) > CPU(64)
+
+
+def test_weak_drafts_are_not_worth_a_forward():
+    # A 2-token forward costs 1.44 plain steps: a 30% guess does not pay.
+    assert choose_drafts([1.0, 0.3], CPU, 1.0, 64) == 0
+
+
+def test_strong_chain_gets_verified():
+    probs = [1.0] + [0.95 ** i for i in range(1, 13)]
+    assert choose_drafts(probs, CPU, 1.0, 64) == 12
+
+
+def test_calibration_shrinks_an_overconfident_trie():
+    cal = Calibration()
+    for _ in range(50):
+        cal.update(predicted=5.0, accepted=1)
+    assert cal.factor < 0.3
+    probs = [1.0, 0.6]  # worth a 2-token forward if trusted (1.6 tokens for 1.44 steps), not at 0.3x
+    assert choose_drafts(probs, CPU, 1.0, 64) == 1
+    assert choose_drafts(probs, CPU, cal.factor, 64) == 0
+
+
+def test_flat_cost_takes_everything_offered():
+    assert choose_drafts([1.0, 0.01, 0.01], CostCurve.flat(), 1.0, 64) == 2
