@@ -7,7 +7,8 @@ Vocabulary:
   are draft tokens. A row's parent always comes before it, so any prefix of the
   rows is itself a valid tree (the budget policy truncates that way).
 - prob: the trie's estimate that a row lies on the accepted path, i.e.
-  count(row's node) / count(matched node). For `hier` the rows come out in
+  count(row's node) / (count(matched node) + 1); the +1 keeps an n-gram seen
+  once from claiming certainty. For `hier` the rows come out in
   non-increasing prob order.
 
 Modes (PIA's `decoding_mode`): `hier` takes the most frequent nodes of the
@@ -26,6 +27,7 @@ from .trie import TokenTrie, TrieNode
 
 # One trie node per source that has the path, with that source's weight.
 _Virtual = list[tuple[TrieNode, float]]
+PRIOR_COUNT = 1.0  # pseudo-count of "something unseen follows"
 
 
 @dataclass
@@ -102,7 +104,7 @@ def build_tree(
     tree.match_length = match_length
     if not matched or max_drafts <= 0:
         return tree
-    total = _count(matched)
+    total = _count(matched) + PRIOR_COUNT
     if mode == "hier":
         _best_first(tree, matched, total, max_drafts, max_depth)
     else:

@@ -23,7 +23,7 @@ ROWS_VIA_WX = 16  # up to this many rows, W @ x.T beats F.linear on the measured
 
 
 def _small_rows_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    flat = x.reshape(-1, x.shape[-1])  # [rows, in]
+    flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, in]
     rows = flat.shape[0]
     if rows == 1:
         y = (w @ torch.cat((flat, flat)).t()).t()[:1]

@@ -20,7 +20,7 @@ import torch
 
 from .config import LookaheadConfig, from_pia_kwargs
 from .draft import DraftTree, build_tree, match, root_only
-from .policy import Calibration, CostCurve, choose_drafts
+from .policy import CalibrationTable, CostCurve, choose_drafts
 from .runner import ModelRunner
 from .sampling import RowChooser, SamplingParams
 from .stats import RequestStats
@@ -65,7 +65,7 @@ class LookaheadDecoder:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.memory = TokenTrie(config.branch_length + 1, config.stop_words, max_nodes=config.memory_max_nodes)
         self.cost = cost if cost is not None else (runner.measure_cost_curve() if config.adaptive else CostCurve.flat())
-        self.calibration = Calibration()
+        self.calibration = CalibrationTable()
 
     def stream(
         self,
@@ -156,7 +156,7 @@ class GenerationStream:
                 if drafting:
                     local.extend(ctx, old, len(ctx))
                     if tree.num_drafts:
-                        d.calibration.update(sum(tree.probs[1:]), len(acc.rows))
+                        d.calibration.update(tree.match_length, sum(tree.probs[1:]), len(acc.rows))
                 st.steps += 1
                 st.draft_tokens += tree.num_drafts
                 st.accepted_drafts += len(acc.rows)
@@ -184,7 +184,7 @@ class GenerationStream:
         tree = build_tree(ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
         if la.adaptive and tree.num_drafts:
             d = self.decoder
-            tree = tree.truncated(choose_drafts(tree.probs, d.cost, d.calibration.factor, la.decoding_length))
+            tree = tree.truncated(choose_drafts(tree.probs, d.cost, d.calibration.factor(tree.match_length), la.decoding_length))
         return tree
 
     def _emit(self, step_tokens: list[int]) -> list[int]:

@@ -32,7 +32,7 @@ def test_hier_rows_are_best_first_and_parents_come_first():
     assert tree.tokens[0] == 1 and tree.parents[0] == -1
     assert all(p < r for r, p in enumerate(tree.parents) if r)
     assert tree.probs[1:] == sorted(tree.probs[1:], reverse=True)
-    assert tree.tokens[1] == 2 and tree.probs[1] == 0.75  # 3 of the 4 n-grams after "1" continue with 2
+    assert tree.tokens[1] == 2 and tree.probs[1] == 3 / (4 + 1)  # 3 of the 4 n-grams after "1" go on with 2; +1 prior
 
 
 def test_hier_respects_budget_and_depth():
