@@ -18,7 +18,7 @@ from .draft import DraftTree
 class TreeInputs:
     input_ids: torch.Tensor  # [1, q] root + draft tokens
     position_ids: torch.Tensor  # [1, q] committed length + depth
-    attention_mask: torch.Tensor  # [1, 1, q, committed + q] bool, True = may attend
+    attention_mask: torch.Tensor | None  # [1, 1, q, committed + q] bool, True = may attend
 
 
 def ancestor_matrix(parents: list[int]) -> np.ndarray:

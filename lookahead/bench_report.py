@@ -1,0 +1,30 @@
+"""Bench JSON files -> one markdown table (the README's).
+
+    python -m lookahead.bench_report results/bench/*.json
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def table(paths: list[Path]) -> str:
+    lines = [
+        "| prompt set | prompts | generate tok/s | own plain tok/s | lookahead tok/s | end-to-end speedup | "
+        "decode speedup | own-plain decode speedup | tokens/step | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    machine = ""
+    for p in paths:
+        s = json.loads(p.read_text())["summary"]
+        machine = s["machine"]
+        lines.append(
+            f"| {Path(s['prompts_file']).stem} | {s['prompts']} | {s['baseline_tok_s']:.1f} | {s['own_plain_tok_s']:.1f} "
+            f"| {s['lookahead_tok_s']:.1f} | {s['speedup']:.2f}x | {s['decode_speedup']:.2f}x "
+            f"| {s['own_plain_decode_speedup']:.2f}x | {s['mean_accepted']:.2f} | {'yes' if s['identical'] else 'NO'} |"
+        )
+    return "\n".join(lines) + f"\n\nMachine: {machine}.\n"
+
+
+if __name__ == "__main__":
+    print(table([Path(a) for a in sys.argv[1:]]))
