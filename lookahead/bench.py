@@ -138,7 +138,7 @@ def run(args) -> dict:
         mode=args.mode,
         adaptive=not args.fixed_budget,
         chat=args.chat,
-        cost_curve_ms={str(k): round(v, 2) for k, v in decoder.cost.points.items()},
+        cost_curves_ms={ctx: {str(k): round(v, 2) for k, v in pts.items()} for ctx, pts in decoder.cost.points.items()},
         machine=f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}, device {runner.device}",
     )
     return {"summary": summary, "prompts": results}

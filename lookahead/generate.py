@@ -20,7 +20,7 @@ import torch
 
 from .config import LookaheadConfig, from_pia_kwargs
 from .draft import DraftTree, build_tree, match, root_only
-from .policy import CalibrationTable, CostCurve, choose_drafts
+from .policy import CalibrationTable, CostModel, choose_drafts
 from .runner import ModelRunner
 from .sampling import RowChooser, SamplingParams
 from .stats import RequestStats
@@ -56,7 +56,7 @@ class LookaheadDecoder:
         runner: ModelRunner,
         config: LookaheadConfig = LookaheadConfig(),
         tokenizer=None,
-        cost: CostCurve | None = None,
+        cost: CostModel | None = None,
         eos_token_ids: Sequence[int] = (),
     ) -> None:
         self.runner = runner
@@ -64,7 +64,7 @@ class LookaheadDecoder:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.memory = TokenTrie(config.branch_length + 1, config.stop_words, max_nodes=config.memory_max_nodes)
-        self.cost = cost if cost is not None else (runner.measure_cost_curve() if config.adaptive else CostCurve.flat())
+        self.cost = cost if cost is not None else (runner.measure_cost_model() if config.adaptive else CostModel.flat())
         self.calibration = CalibrationTable()
 
     def stream(
@@ -184,7 +184,8 @@ class GenerationStream:
         tree = build_tree(ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
         if la.adaptive and tree.num_drafts:
             d = self.decoder
-            tree = tree.truncated(choose_drafts(tree.probs, d.cost, d.calibration.factor(tree.match_length), la.decoding_length))
+            cost = d.cost.curve_at(len(ctx))
+            tree = tree.truncated(choose_drafts(tree.probs, cost, d.calibration.factor(tree.match_length), la.decoding_length))
         return tree
 
     def _emit(self, step_tokens: list[int]) -> list[int]:

@@ -1,7 +1,9 @@
 """How many draft tokens are worth one verification forward.
 
 A forward over k tokens costs cost(k) ms, measured on the actual hardware at
-start-up (`CostCurve`). A tree whose rows are accepted with probabilities
+start-up at a short and a long context (`CostModel`): attention makes a wide
+tree dearer the longer the context, so the same drafts may pay at 500 tokens
+and not at 2,000. A tree whose rows are accepted with probabilities
 p_1..p_n yields, in expectation, 1 + sum(p_i) tokens (the accepted path plus
 the model's bonus token). Verifying the first k rows therefore buys
 (1 + sum_{i<=k} p_i) / cost(1 + k) tokens per ms, against 1 / cost(1) for a
@@ -19,6 +21,7 @@ Pure Python; no torch.
 """
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -49,6 +52,35 @@ class CostCurve:
     def flat(cls) -> "CostCurve":
         """Every forward costs the same: PIA's implicit assumption."""
         return cls({1: 1.0, 4096: 1.0})
+
+
+@dataclass
+class CostModel:
+    """Forward cost by tokens in flight and context length: two measured curves, linear in context between them."""
+
+    short: CostCurve
+    long: CostCurve
+    short_context: int = 512
+    long_context: int = 2048
+
+    def curve_at(self, context: int):
+        """cost(n) at this context length."""
+        w = (context - self.short_context) / (self.long_context - self.short_context)
+        w = max(0.0, w)  # below the short context, the short curve; above the long one, extrapolate
+
+        def cost(n: int) -> float:
+            a = self.short(n)
+            return a + (self.long(n) - a) * w
+
+        return cost
+
+    @property
+    def points(self) -> dict[str, dict[int, float]]:
+        return {str(self.short_context): self.short.points, str(self.long_context): self.long.points}
+
+    @classmethod
+    def flat(cls) -> "CostModel":
+        return cls(CostCurve.flat(), CostCurve.flat())
 
 
 @dataclass
@@ -90,7 +122,7 @@ class CalibrationTable:
         self.get(match_length).update(predicted, accepted)
 
 
-def choose_drafts(probs: list[float], cost: CostCurve, factor: float, max_drafts: int) -> int:
+def choose_drafts(probs: list[float], cost: Callable[[int], float], factor: float, max_drafts: int) -> int:
     """Number of leading draft rows to verify (0 = plain step). probs[0] is the root."""
     best_k, best_rate = 0, 1.0 / cost(1)
     gain = 1.0

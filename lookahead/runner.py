@@ -12,10 +12,11 @@ import time
 
 import torch
 
+from . import attention
 from .draft import DraftTree
 from .fast_linear import FastLinears
 from .kv_cache import KVCache
-from .policy import CostCurve
+from .policy import CostCurve, CostModel
 from .tree_mask import TreeInputs, causal_inputs, tree_inputs
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class ModelRunner:
         if fast_small_matmul is None:
             fast_small_matmul = self.device.type == "cpu"
         self._fast = FastLinears(model, fast_small_matmul)
+        # Tree forwards attend without copying K/V per query-head group (see attention.py).
+        self.packed_attention = attention.install(model, self._fast)
 
     # ---- forwards --------------------------------------------------------
     def new_cache(self, capacity: int) -> KVCache:
@@ -102,6 +105,15 @@ class ModelRunner:
                     "lookahead tree verification cannot run on it"
                 )
 
+    def measure_cost_model(self, short_context: int = 512, long_context: int = 2048) -> CostModel:
+        long_context = min(long_context, self._max_positions() - max(COST_SIZES) - 1)
+        short_context = min(short_context, long_context // 2)
+        return CostModel(self.measure_cost_curve(short_context), self.measure_cost_curve(long_context),
+                         short_context, long_context)
+
+    def _max_positions(self) -> int:
+        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 4096
+
     @torch.inference_mode()
     def measure_cost_curve(self, context: int = 512, sizes: tuple[int, ...] = COST_SIZES, rounds: int = 3) -> CostCurve:
         """ms of a verification forward of each size, after `context` committed tokens.
@@ -130,5 +142,5 @@ class ModelRunner:
         for n in sorted(sizes):
             floor = max(floor, best[n])
             points[n] = floor
-        log.info("forward cost curve (ms by tokens): %s", {k: round(v, 1) for k, v in points.items()})
+        log.info("forward cost at context %d (ms by tokens): %s", context, {k: round(v, 1) for k, v in points.items()})
         return CostCurve(points)

@@ -1,4 +1,4 @@
-from lookahead.policy import Calibration, CostCurve, choose_drafts
+from lookahead.policy import Calibration, CostCurve, CostModel, choose_drafts
 
 CPU = CostCurve({1: 44.6, 2: 64.4, 4: 63.8, 8: 67.5, 16: 81.6, 32: 111, 64: 149})
 
@@ -31,3 +31,11 @@ def test_calibration_shrinks_an_overconfident_trie():
 
 def test_flat_cost_takes_everything_offered():
     assert choose_drafts([1.0, 0.01, 0.01], CostCurve.flat(), 1.0, 64) == 2
+
+
+def test_cost_model_is_linear_in_context_between_its_curves():
+    model = CostModel(CostCurve({1: 30.0, 16: 60.0}), CostCurve({1: 40.0, 16: 100.0}), 500, 2000)
+    assert model.curve_at(500)(16) == 60.0 and model.curve_at(2000)(16) == 100.0
+    assert model.curve_at(1250)(16) == 80.0
+    assert model.curve_at(100)(1) == 30.0  # below the short context: the short curve
+    assert model.curve_at(3500)(16) == 140.0  # past the long one: extrapolated
