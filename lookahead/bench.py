@@ -22,7 +22,10 @@ from pathlib import Path
 import torch
 
 from .config import LookaheadConfig
-from .generate import Generation, LookaheadDecoder, StopCriteria
+from .bench_engine import print_level, run_levels
+from .generate import LookaheadDecoder
+from .sequence import Generation, StopCriteria
+from .scheduler import SchedulerConfig
 from .models import load_model
 from .reference import TimedOutput, hf_generate
 from .runner import ModelRunner
@@ -112,6 +115,8 @@ def run(args) -> dict:
     hf_generate(lm.model, warm, 8, lm.eos_token_ids)
     decoder.generate(warm, stop=StopCriteria(8, frozenset(lm.eos_token_ids)))
     decoder.memory.clear()
+    if args.concurrency:
+        return run_concurrency(args, lm, decoder, prompts, stop)
 
     off = LookaheadConfig(enabled=False)
     results = []
@@ -144,6 +149,41 @@ def run(args) -> dict:
     return {"summary": summary, "prompts": results}
 
 
+def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCriteria) -> dict:
+    levels = [int(x) for x in args.concurrency.split(",")]
+    sched = SchedulerConfig(max_batch_size=max(args.max_batch_size, max(levels)),
+                            max_tokens_per_step=max(args.max_tokens_per_step, max(levels)))
+    refs = []
+    for i, (pid, ids) in enumerate(prompts):
+        refs.append(hf_generate(lm.model, ids, args.max_new_tokens, lm.eos_token_ids))
+        print(f"[{i + 1:3d}/{len(prompts)}] reference {pid}: {refs[-1].total_s:.2f}s", flush=True)
+    baseline_tok_s = sum(len(r.tokens) for r in refs) / sum(r.total_s for r in refs)
+    print(f"generate, one request at a time: {baseline_tok_s:.2f} tok/s", flush=True)
+    ids_only = [ids for _, ids in prompts]
+    level_rows = run_levels(decoder, ids_only, [r.tokens for r in refs], levels, stop, sched, print_level)
+    first = level_rows[0]
+    summary = {
+        "prompts": len(prompts),
+        "speedup": first["on_tok_s"] / baseline_tok_s,
+        "decode_speedup": None,  # the engine does not split prefill from decode; see the single-stream bench
+        "identical": all(l["identical"] for l in level_rows),
+        "baseline_tok_s": baseline_tok_s,
+        "lookahead_tok_s": first["on_tok_s"],
+        "own_plain_tok_s": first["off_tok_s"],
+        "mean_accepted": first["on"]["mean_accepted"],
+        "levels": level_rows,
+        "model": args.model,
+        "prompts_file": str(args.prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "max_batch_size": sched.max_batch_size,
+        "max_tokens_per_step": sched.max_tokens_per_step,
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+    }
+    rows = [{"id": pid, "prompt_tokens": len(ids), "baseline_ids": r.tokens, "baseline_s": r.total_s}
+            for (pid, ids), r in zip(prompts, refs)]
+    return {"summary": summary, "prompts": rows}
+
+
 def print_row(r: dict, i: int, n: int) -> None:
     print(
         f"[{i:3d}/{n}] {r['id']:<22} prompt {r['prompt_tokens']:5d} new {len(r['baseline_ids']):4d} "
@@ -155,6 +195,12 @@ def print_row(r: dict, i: int, n: int) -> None:
 
 
 def print_summary(s: dict) -> None:
+    if "levels" in s:
+        print(f"\n{s['prompts_file']}: {s['prompts']} prompts, {s['max_new_tokens']} new tokens, {s['machine']}")
+        print("| concurrency | on tok/s | off tok/s | on/off | identical |\n|---|---|---|---|---|")
+        for l in s["levels"]:
+            print(f"| {l['concurrency']} | {l['on_tok_s']:.1f} | {l['off_tok_s']:.1f} | {l['ratio']:.2f}x | {l['identical']} |")
+        return
     print(f"\n{s['prompts_file']}: {s['prompts']} prompts, {s['max_new_tokens']} new tokens, {s['machine']}")
     print(f"  generate   {s['baseline_tok_s']:7.2f} tok/s")
     print(f"  own plain  {s['own_plain_tok_s']:7.2f} tok/s  (x{s['own_plain_speedup']:.2f}, decode x{s['own_plain_decode_speedup']:.2f})")
@@ -175,6 +221,9 @@ def parse_args(argv=None):
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
+    p.add_argument("--concurrency", default=None, help="e.g. 1,2,4,8,16: serve N requests at once through the engine")
+    p.add_argument("--max-batch-size", type=int, default=16)
+    p.add_argument("--max-tokens-per-step", type=int, default=256)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     return p.parse_args(argv)
 

@@ -9,7 +9,8 @@ import sys
 
 from .bench import encode
 from .config import MODES, LookaheadConfig
-from .generate import LookaheadDecoder, StopCriteria
+from .generate import LookaheadDecoder
+from .sequence import StopCriteria
 from .models import load_model
 from .runner import ModelRunner
 from .sampling import SamplingParams

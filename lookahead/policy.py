@@ -132,3 +132,24 @@ def choose_drafts(probs: list[float], cost: Callable[[int], float], factor: floa
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
+
+
+def choose_width(rows_probs: list[list[float]], cost: Callable[[int], float], max_tokens: int, max_width: int) -> int:
+    """Tree width (root + drafts) shared by every row of one batched forward.
+
+    Padding makes every row pay for the widest tree, so the batch picks one
+    width Q: it buys sum_b (1 + p_b1 + ... + p_b(Q-1)) tokens for cost(n * Q).
+    rows_probs[b] holds row b's calibrated draft probabilities, best first.
+    Q = 1 is a plain decode step for everyone. n * Q never exceeds max_tokens.
+    """
+    n = len(rows_probs)
+    best_q, best_rate = 1, n / cost(n)
+    gain = float(n)
+    for q in range(2, max_width + 1):
+        if n * q > max_tokens:
+            break
+        gain += sum(p[q - 2] for p in rows_probs if len(p) >= q - 1)
+        rate = gain / cost(n * q)
+        if rate > best_rate:
+            best_q, best_rate = q, rate
+    return best_q

@@ -15,9 +15,10 @@ import torch
 from . import attention
 from .draft import DraftTree
 from .fast_linear import FastLinears
+from .batch_cache import BatchKVCache
 from .kv_cache import KVCache
 from .policy import CostCurve, CostModel
-from .tree_mask import TreeInputs, causal_inputs, tree_inputs
+from .tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +65,35 @@ class ModelRunner:
             logits = logits[-keep_last:]
         return logits.float()
 
+    def new_batch_cache(self, slots: int) -> BatchKVCache:
+        return BatchKVCache(self.num_layers, slots)
+
     def prefill(self, cache: KVCache, tokens: list[int]) -> None:
         """Commit `tokens` to the cache without computing their logits (the last one is left as the next root)."""
         if not tokens:
             return
         base = cache.length
         inputs = causal_inputs(tokens, base, self.device)
-        # Let the model build its own causal mask: SDPA then takes its fused causal kernel,
-        # ~25% faster than an explicit boolean mask on a 2,000-token CPU prefill.
-        inputs.attention_mask = None
+        if base == 0:
+            # Let the model build its own causal mask: SDPA then takes its fused causal kernel,
+            # ~25% faster than an explicit boolean mask on a 2,000-token CPU prefill.
+            inputs.attention_mask = None
         self._forward(cache, inputs, keep_last=1)
         cache.length = base + len(tokens)
 
     def verify(self, cache: KVCache, tree: DraftTree) -> torch.Tensor:
         """Logits of every tree row, [1 + n, vocab]. Rows are written after the committed cache; call commit next."""
         return self._forward(cache, tree_inputs(tree, cache.length, self.device), keep_last=len(tree.tokens))
+
+    def verify_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int) -> torch.Tensor:
+        """Logits of every row's tree, [rows, width, vocab]; call cache.commit next."""
+        inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
+        cache.begin_forward(width)
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        with torch.inference_mode(), self._fast.active():
+            out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                             position_ids=inputs.position_ids, **kwargs)
+        return out.logits.float()
 
     # ---- start-up checks -------------------------------------------------
     @torch.inference_mode()

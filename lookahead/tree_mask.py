@@ -55,3 +55,29 @@ def causal_inputs(tokens: list[int], committed: int, device: torch.device) -> Tr
         position_ids=torch.arange(committed, committed + q, device=device)[None],
         attention_mask=mask.to(device),
     )
+
+
+def batch_tree_inputs(trees: list[DraftTree], lengths: list[int], width: int, device: torch.device) -> TreeInputs:
+    """One forward for many rows: row b's tree sits at [lengths[b], lengths[b] + width) of its KV row.
+
+    Trees narrower than `width` are padded with copies of their root that attend
+    only to themselves; their outputs are ignored. Columns past a row's own
+    entries (other rows are longer) are masked out.
+    """
+    n = len(trees)
+    kv_len = max(lengths) + width
+    ids = torch.zeros((n, width), dtype=torch.long)
+    pos = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, 1, width, kv_len), dtype=torch.bool)
+    for b, (tree, base) in enumerate(zip(trees, lengths)):
+        q = len(tree.tokens)
+        assert q <= width
+        ids[b, :q] = torch.tensor(tree.tokens)
+        ids[b, q:] = tree.tokens[0]
+        pos[b, :q] = torch.tensor(tree.depths) + base
+        pos[b, q:] = base
+        mask[b, 0, :q, :base] = True
+        mask[b, 0, :q, base : base + q] = torch.from_numpy(ancestor_matrix(tree.parents))
+        pad = torch.arange(q, width)
+        mask[b, 0, pad, base + pad] = True
+    return TreeInputs(ids.to(device), pos.to(device), mask.to(device))

@@ -1,4 +1,4 @@
-from lookahead.policy import Calibration, CostCurve, CostModel, choose_drafts
+from lookahead.policy import Calibration, CostCurve, CostModel, choose_drafts, choose_width
 
 CPU = CostCurve({1: 44.6, 2: 64.4, 4: 63.8, 8: 67.5, 16: 81.6, 32: 111, 64: 149})
 
@@ -39,3 +39,17 @@ def test_cost_model_is_linear_in_context_between_its_curves():
     assert model.curve_at(1250)(16) == 80.0
     assert model.curve_at(100)(1) == 30.0  # below the short context: the short curve
     assert model.curve_at(3500)(16) == 140.0  # past the long one: extrapolated
+
+
+def test_batch_width_shrinks_as_the_batch_grows():
+    # Linear cost in tokens (compute-bound): drafts that pay for one row do not pay for sixteen.
+    cost = CostCurve({1: 30.0, 2: 31.0, 4: 33.0, 8: 40.0, 16: 55.0, 64: 200.0, 256: 800.0})
+    strong = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    assert choose_width([strong], cost, 256, 8) == 8
+    assert choose_width([strong] * 16, cost, 256, 8) < 8
+
+
+def test_batch_width_respects_the_token_cap_and_weak_rows():
+    cost = CostCurve.flat()
+    assert choose_width([[0.9] * 7] * 8, cost, 16, 8) == 2  # 8 rows x 2 = the whole cap
+    assert choose_width([[], []], cost, 256, 8) == 1  # nothing to draft: plain step

@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-import lookahead.generate as gen_mod
+import lookahead.sequence as seq_mod
 from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
 from lookahead.policy import CostModel
 from lookahead.runner import ModelRunner
@@ -99,7 +99,7 @@ def test_lookahead_sampling_matches_the_exact_distribution(params):
 
 def test_the_chi_square_test_catches_a_biased_acceptance_rule(monkeypatch):
     """Negative control: a rule that takes the first draft child half the time must be detected."""
-    real_accept = gen_mod.accept
+    real_accept = seq_mod.accept
     coin = random.Random(1)
 
     def biased(tree, choose):
@@ -109,7 +109,7 @@ def test_the_chi_square_test_catches_a_biased_acceptance_rule(monkeypatch):
             return Acceptance([row], [tok, choose(row, [tok])])
         return real_accept(tree, choose)
 
-    monkeypatch.setattr(gen_mod, "accept", biased)
+    monkeypatch.setattr(seq_mod, "accept", biased)
     counts, expected, _ = sampled_counts(SamplingParams(do_sample=True), 3000)
     assert chi2_pvalue(counts, expected, 3000) < 1e-3
 

@@ -1,0 +1,103 @@
+"""The concurrency half of the benchmark: N requests in flight through the engine, lookahead on vs off.
+
+    python -m lookahead.bench --prompts ../shared/data/humaneval.jsonl --limit 16 --chat --concurrency 1,2,4,8,16
+
+At each level the engine serves the prompts with N always in flight (a
+finished request is replaced by the next prompt), once with lookahead on and
+once off, each from an empty trie. Every output is compared with plain
+`model.generate` of that prompt alone.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from .config import LookaheadConfig
+from .engine import Engine
+from .generate import LookaheadDecoder
+from .policy import CalibrationTable
+from .scheduler import SchedulerConfig
+from .sequence import Generation, StopCriteria
+
+
+@dataclass
+class LevelRun:
+    wall_s: float
+    outputs: list[Generation]
+    latencies_s: list[float]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(g.tokens) for g in self.outputs)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    def as_json(self) -> dict:
+        lat = sorted(self.latencies_s)
+        steps = sum(g.stats.steps for g in self.outputs)
+        return {
+            "tok_s": self.tok_s,
+            "per_request_tok_s": statistics.mean(len(g.tokens) / t for g, t in zip(self.outputs, self.latencies_s)),
+            "p50_latency_s": lat[len(lat) // 2],
+            "p95_latency_s": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+            "mean_accepted": self.tokens / steps if steps else 0.0,
+        }
+
+
+def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: int, stop: StopCriteria,
+              lookahead: LookaheadConfig, sched: SchedulerConfig) -> LevelRun:
+    decoder.memory.clear()  # each run starts from an empty trie, like a fresh server
+    decoder.calibration = CalibrationTable()
+    engine = Engine(decoder, sched)
+    pending = list(enumerate(prompts))
+    in_flight: dict[int, tuple] = {}
+    outputs: list[Generation | None] = [None] * len(prompts)
+    latencies = [0.0] * len(prompts)
+    t0 = time.perf_counter()
+    while pending or in_flight:
+        while pending and len(in_flight) < concurrency:
+            i, ids = pending.pop(0)
+            in_flight[i] = (engine.add_request(ids, stop=stop, lookahead=lookahead), time.perf_counter())
+        engine.step()
+        for i, (h, started) in list(in_flight.items()):
+            if h._finished.is_set():
+                outputs[i] = h.result()
+                latencies[i] = time.perf_counter() - started
+                del in_flight[i]
+    return LevelRun(time.perf_counter() - t0, outputs, latencies)
+
+
+def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],
+               levels: list[int], stop: StopCriteria, sched: SchedulerConfig, report) -> list[dict]:
+    on_cfg = decoder.config
+    off_cfg = LookaheadConfig(enabled=False)
+    out = []
+    for n in levels:
+        runs = {name: run_level(decoder, prompts, n, stop, cfg, sched) for name, cfg in (("on", on_cfg), ("off", off_cfg))}
+        on, off = runs["on"], runs["off"]
+        identical = all(g.tokens == ref for run in (on, off) for g, ref in zip(run.outputs, references))
+        level = {
+            "concurrency": n,
+            "on_tok_s": on.tok_s,
+            "off_tok_s": off.tok_s,
+            "ratio": on.tok_s / off.tok_s,
+            "identical": identical,
+            "on": on.as_json(),
+            "off": off.as_json(),
+        }
+        report(level)
+        out.append(level)
+    return out
+
+
+def print_level(level: dict) -> None:
+    on, off = level["on"], level["off"]
+    print(
+        f"concurrency {level['concurrency']:3d} | on {level['on_tok_s']:7.2f} tok/s  off {level['off_tok_s']:7.2f} tok/s "
+        f"| x{level['ratio']:.2f} | per-request {on['per_request_tok_s']:.1f} vs {off['per_request_tok_s']:.1f} tok/s "
+        f"| p50 {on['p50_latency_s']:.2f}s/{off['p50_latency_s']:.2f}s  p95 {on['p95_latency_s']:.2f}s/{off['p95_latency_s']:.2f}s "
+        f"| {on['mean_accepted']:.2f} tok/step | {'identical' if level['identical'] else 'DIFFERENT'}",
+        flush=True,
+    )

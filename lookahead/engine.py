@@ -1,0 +1,288 @@
+"""The batching engine: one model replica serving many requests, one forward per step.
+
+    engine = Engine(decoder, SchedulerConfig(max_batch_size=16)); engine.start()
+    handle = engine.add_request(prompt_ids, stop=StopCriteria(128, eos))
+    for tokens in handle: ...            # or: async for tokens in handle.stream()
+
+A step is schedule -> run -> postprocess: drop cancelled requests; prefill
+one chunk of the request being prefilled (and admit it to the running batch
+when done); then, for all running requests, draft, pick one tree width for
+the batch from the cost model, verify every row's tree in a single forward,
+accept per row, commit the KV rows and stream the emitted tokens. Finished
+requests leave at once and their KV row is freed.
+
+The engine runs in one background thread; `add_request` and `cancel` are
+thread-safe, and handles deliver tokens to a thread or to an asyncio loop.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence as Seq
+
+import torch
+
+from .generate import LookaheadDecoder
+from .kv_cache import KVCache
+from .policy import choose_width
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import Generation, Sequence
+
+log = logging.getLogger(__name__)
+
+_TOKENS, _DONE, _ERROR = "tokens", "done", "error"
+
+
+class RequestHandle:
+    """A request in the engine: stream its tokens (sync or async), wait for its result, or cancel it."""
+
+    def __init__(self, seq: Sequence, engine: "Engine", loop: asyncio.AbstractEventLoop | None) -> None:
+        self.seq = seq
+        self._engine = engine
+        self._loop = loop
+        self._events: queue.Queue | asyncio.Queue = asyncio.Queue() if loop else queue.Queue()
+        self._finished = threading.Event()
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    def _push(self, kind: str, payload) -> None:
+        if kind != _TOKENS:
+            if kind == _ERROR:
+                self._error = payload
+            self._finished.set()
+        if self._loop is None:
+            self._events.put((kind, payload))
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, (kind, payload))
+        except RuntimeError:  # the consumer's loop is gone: nobody is listening any more
+            self.cancelled = True
+
+    def __iter__(self):
+        assert self._loop is None, "this handle streams to an asyncio loop: use `async for ... in handle.stream()`"
+        while True:
+            kind, payload = self._events.get()
+            if kind == _TOKENS:
+                yield payload
+            elif kind == _ERROR:
+                raise payload
+            else:
+                return
+
+    async def stream(self):
+        assert self._loop is not None, "this handle was created outside an event loop: iterate it directly"
+        while True:
+            kind, payload = await self._events.get()
+            if kind == _TOKENS:
+                yield payload
+            elif kind == _ERROR:
+                raise payload
+            else:
+                return
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._engine._wake.set()
+
+    def result(self, timeout: float | None = None) -> Generation:
+        if not self._finished.wait(timeout):
+            raise TimeoutError("the request has not finished")
+        if self._error is not None:
+            raise self._error
+        return self.seq.result()
+
+
+class Engine:
+    def __init__(self, decoder: LookaheadDecoder, config: SchedulerConfig = SchedulerConfig()) -> None:
+        self.decoder = decoder
+        self.runner = decoder.runner
+        self.config = config
+        self.scheduler = Scheduler(config)
+        self.cache = self.runner.new_batch_cache(config.max_batch_size)
+        self.headroom = decoder.config.decoding_length + 1
+        self._handles: dict[int, RequestHandle] = {}  # id(seq) -> handle
+        self._inbox: deque[RequestHandle] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._prefill_cache: KVCache | None = None
+        self.steps = 0
+        self.forward_tokens = 0  # rows x width, summed over decode forwards
+
+    # ---- API -------------------------------------------------------------
+    def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
+        """Queue a request (kwargs as LookaheadDecoder.new_sequence). Bad settings raise ValueError here."""
+        la = kwargs.get("lookahead")
+        if la is not None and la.enabled and la.decoding_length > self.decoder.config.decoding_length:
+            raise ValueError(
+                f"decoding_length={la.decoding_length} exceeds this engine's {self.decoder.config.decoding_length}"
+            )
+        seq = self.decoder.new_sequence(prompt_ids, **kwargs)
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        handle = RequestHandle(seq, self, loop)
+        with self._lock:
+            self._inbox.append(handle)
+        self._wake.set()
+        return handle
+
+    def start(self) -> "Engine":
+        assert self._thread is None, "already started"
+        self._thread = threading.Thread(target=self._run, name="lookahead-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._fail_all(RuntimeError("the engine shut down"))
+
+    @property
+    def active_requests(self) -> int:
+        s = self.scheduler
+        return len(self._inbox) + len(s.waiting) + (s.prefilling is not None) + len(s.running)
+
+    # ---- the loop --------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.step():
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def step(self) -> bool:
+        """One engine step; False when there was nothing to do."""
+        self._intake()
+        self._drop_cancelled()
+        if self.scheduler.idle():
+            return False
+        try:
+            self._prefill_step()
+            if self.scheduler.running:
+                self._decode_step()
+        except Exception as e:  # a failed forward must not hang anyone: fail what was in flight, keep serving
+            log.exception("engine step failed; failing the requests in flight")
+            self._fail_all(e)
+        self.steps += 1
+        return True
+
+    def _intake(self) -> None:
+        with self._lock:
+            while self._inbox:
+                h = self._inbox.popleft()
+                self._handles[id(h.seq)] = h
+                self.scheduler.add(h.seq)
+
+    def _finish(self, seq: Sequence, reason: str = "cancelled") -> None:
+        seq.close(self.decoder.memory, reason)
+        h = self._handles.pop(id(seq), None)
+        if h is not None:
+            h._push(_DONE, seq.result())
+
+    def _drop_cancelled(self) -> None:
+        s = self.scheduler
+        cancelled = lambda seq: self._handles[id(seq)].cancelled  # noqa: E731
+        for seq in [q for q in s.waiting if cancelled(q)]:
+            s.waiting.remove(seq)
+            self._finish(seq)
+        if s.prefilling is not None and cancelled(s.prefilling.seq):
+            self._finish(s.prefilling.seq)
+            s.prefilling, self._prefill_cache = None, None
+        for row in sorted((r for r, q in enumerate(s.running) if cancelled(q)), reverse=True):
+            seq = s.running[row]
+            self._release(row)
+            self._finish(seq)
+
+    def _release(self, row: int) -> None:
+        self.cache.release(row, self.headroom)
+        self.scheduler.remove_row(row)
+
+    def _fail_all(self, error: BaseException) -> None:
+        s = self.scheduler
+        seqs = list(s.waiting) + ([s.prefilling.seq] if s.prefilling else []) + list(s.running)
+        with self._lock:
+            seqs += [h.seq for h in self._inbox]
+            for h in self._inbox:
+                self._handles[id(h.seq)] = h
+            self._inbox.clear()
+        s.waiting.clear()
+        s.prefilling, self._prefill_cache = None, None
+        while s.running:
+            self._release(len(s.running) - 1)
+        for seq in seqs:
+            seq.close(self.decoder.memory, "error")
+            h = self._handles.pop(id(seq), None)
+            if h is not None:
+                h._push(_ERROR, error)
+
+    # ---- prefill ---------------------------------------------------------
+    def _prefill_step(self) -> None:
+        s = self.scheduler
+        chunk = s.next_prefill_chunk()
+        if chunk is not None:
+            p, start, end = chunk
+            if start == 0:
+                self._prefill_cache = self.runner.new_cache(p.total + self.headroom)
+            if end > start:
+                t0 = time.perf_counter()
+                self.runner.prefill(self._prefill_cache, p.seq.ctx[start:end])
+                p.seq.stats.prefill_ms += (time.perf_counter() - t0) * 1e3
+            p.done = end
+        if s.can_admit():
+            s.admit()
+            self.cache.admit(self._prefill_cache, self.headroom)
+            self._prefill_cache = None
+
+    # ---- decode ----------------------------------------------------------
+    def _decode_step(self) -> None:
+        d, running = self.decoder, self.scheduler.running
+        n = len(running)
+        t0 = time.perf_counter()
+        trees = [seq.propose(d.memory) for seq in running]
+        width = self._width(running, trees)
+        trees = [t.truncated(min(t.num_drafts, width - 1)) for t in trees]
+        width = max(len(t.tokens) for t in trees)
+        t1 = time.perf_counter()
+        logits = self.runner.verify_batch(self.cache, trees, width)  # [rows, width, vocab]
+        t2 = time.perf_counter()
+        self.forward_tokens += n * width
+        keeps, done = [], []
+        for row, (seq, tree) in enumerate(zip(running, trees)):
+            acc = seq.choose(tree, logits[row])
+            keeps.append([0] + acc.rows)
+            emitted = seq.advance(tree, acc, d.calibration)
+            seq.stats.query_ms += (t1 - t0) * 1e3 / n
+            seq.stats.forward_ms += (t2 - t1) * 1e3
+            self._handles[id(seq)]._push(_TOKENS, emitted)
+            if seq.finished:
+                done.append(row)
+        self.cache.commit(keeps)
+        for row in sorted(done, reverse=True):
+            seq = running[row]
+            self._release(row)
+            self._finish(seq, seq.finish_reason)
+
+    def _width(self, running: list[Sequence], trees) -> int:
+        """One tree width for the batch: fixed-budget rows get their trees; adaptive rows share by expected gain."""
+        n = len(running)
+        cap = max(1, self.config.max_tokens_per_step // n)
+        fixed = [len(t.tokens) for seq, t in zip(running, trees) if not seq.la.adaptive]
+        adaptive = [(seq, t) for seq, t in zip(running, trees) if seq.la.adaptive]
+        width = max(fixed, default=1)
+        if adaptive and any(t.num_drafts for _, t in adaptive):
+            cal = self.decoder.calibration
+            probs = [[p * cal.factor(t.match_length) for p in t.probs[1:]] for _, t in adaptive]
+            context = sum(len(seq.ctx) for seq in running) // n
+            cost = self.decoder.cost.curve_at(context)
+            max_w = max(t.num_drafts for _, t in adaptive) + 1
+            width = max(width, choose_width(probs, cost, self.config.max_tokens_per_step, max_w))
+        return max(1, min(width, cap))

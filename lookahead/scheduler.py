@@ -1,0 +1,88 @@
+"""Who runs this step: admission, chunked prefill, and the running batch's rows.
+
+Torch-free bookkeeping. Requests wait in FIFO order; one at a time is
+prefilled, at most `prefill_chunk` prompt tokens per engine step, so a long
+prompt delays the running requests by one chunk's forward per step rather
+than by its whole prefill. A prefilled request joins the running batch at the
+next step if a row is free (`max_batch_size`). Row b of the batch KV cache
+belongs to `running[b]`; when a request leaves, the last row moves into its
+place (the cache does the same), so rows stay contiguous.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 16  # running requests in one forward
+    max_tokens_per_step: int = 256  # tokens in one decode forward: rows x tree width
+    prefill_chunk: int = 512  # prompt tokens prefilled per step
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_tokens_per_step", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"invalid engine setting {name}={getattr(self, name)!r}: must be >= 1")
+        if self.max_tokens_per_step < self.max_batch_size:
+            raise ValueError(
+                f"max_tokens_per_step={self.max_tokens_per_step} must be >= max_batch_size={self.max_batch_size}"
+            )
+
+
+@dataclass
+class Prefill:
+    seq: Sequence
+    done: int = 0  # prompt tokens already in its cache (all but the last, the first root, get prefilled)
+
+    @property
+    def total(self) -> int:
+        return len(self.seq.ctx) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.total
+
+
+@dataclass
+class Scheduler:
+    config: SchedulerConfig
+    waiting: deque = field(default_factory=deque)  # of Sequence
+    prefilling: Prefill | None = None
+    running: list[Sequence] = field(default_factory=list)  # index = batch row
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def next_prefill_chunk(self) -> tuple[Prefill, int, int] | None:
+        """(prefill, start, end) of the prompt tokens to prefill this step, or None."""
+        if self.prefilling is None:
+            if not self.waiting or len(self.running) >= self.config.max_batch_size:
+                return None
+            self.prefilling = Prefill(self.waiting.popleft())
+        p = self.prefilling
+        end = min(p.total, p.done + self.config.prefill_chunk)
+        return p, p.done, end
+
+    def can_admit(self) -> bool:
+        return (
+            self.prefilling is not None
+            and self.prefilling.finished
+            and len(self.running) < self.config.max_batch_size
+        )
+
+    def admit(self) -> Sequence:
+        seq = self.prefilling.seq
+        self.prefilling = None
+        self.running.append(seq)
+        return seq
+
+    def remove_row(self, row: int) -> None:
+        """Mirror of BatchKVCache.release: the last row moves into `row`."""
+        last = self.running.pop()
+        if row < len(self.running):
+            self.running[row] = last
+
+    def idle(self) -> bool:
+        return not self.waiting and self.prefilling is None and not self.running

@@ -1,0 +1,144 @@
+"""One request's decoding state, shared by the single-stream decoder and the batching engine.
+
+A `Sequence` knows its context, its own trie (prompt + output so far), its
+lookahead settings, sampling and stop criteria. Per step it proposes a draft
+tree, picks the model's tokens from the verified logits, emits up to the first
+stop condition and learns from what it emitted. It never touches the model:
+whoever runs the forward (one request, or a batch of them) hands it its rows
+of logits.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import LookaheadConfig
+from .draft import DraftTree, build_tree, match, root_only
+from .policy import CalibrationTable
+from .sampling import RowChooser, SamplingParams
+from .stats import RequestStats
+from .trie import TokenTrie
+from .verify import Acceptance, accept
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    max_new_tokens: int = 128
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"invalid max_new_tokens={self.max_new_tokens!r}: must be >= 1")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    finish_reason: str  # "length" | "eos" | "stop" | "cancelled" | "error"
+    stats: RequestStats
+
+
+@dataclass
+class Sequence:
+    prompt: list[int]
+    stop: StopCriteria
+    sampling: SamplingParams
+    la: LookaheadConfig
+    tokenizer: object = None  # needed for stop strings only
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    finish_reason: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("prompt_ids must hold at least one token")
+        self.ctx = list(self.prompt)  # every token so far; ctx[-1] is the next root (not in the KV cache)
+        self.stats.prompt_tokens = len(self.prompt)
+        self.drafting = self.la.enabled and self.la.decoding_length > 0
+        self.local = TokenTrie(self.la.branch_length + 1, self.la.stop_words)
+        if self.drafting:
+            self.local.add_sequence(self.ctx)
+        self.generator = None
+        if self.sampling.do_sample:
+            self.generator = torch.Generator()
+            if self.sampling.seed is not None:
+                self.generator.manual_seed(self.sampling.seed)
+            else:
+                self.generator.seed()
+        self._stop_window = max((len(s) for s in self.stop.stop_strings), default=0) + 1
+        self.started_at = time.perf_counter()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def remaining(self) -> int:
+        return self.stop.max_new_tokens - len(self.tokens)
+
+    def result(self) -> Generation:
+        assert self.finish_reason is not None, "the sequence has not finished"
+        return Generation(self.tokens, self.finish_reason, self.stats)
+
+    # ---- one step --------------------------------------------------------
+    def propose(self, memory: TokenTrie) -> DraftTree:
+        """The full candidate tree (probs on the trie's own scale; the caller applies the calibration)."""
+        la = self.la
+        max_depth = min(la.branch_length, self.remaining - 1)
+        if not self.drafting or max_depth < 1:
+            return root_only(self.ctx[-1])
+        sources = [(self.local, la.prompt_weight), (memory, 1.0)]
+        m, matched = match(sources, self.ctx, la.max_query_length, la.min_query_length)
+        return build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
+
+    def choose(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+        """Walk the tree with the model's tokens; `logits` is [rows >= tree rows, vocab]."""
+        if not self.sampling.needs_processing:
+            preds = logits[: len(tree.tokens)].argmax(-1).tolist()
+            return accept(tree, lambda row, path: preds[row])
+        chooser = RowChooser(self.sampling, self.ctx, self.generator)
+        return accept(tree, lambda row, path: chooser(logits[row], path))
+
+    def advance(self, tree: DraftTree, acc: Acceptance, calibration: CalibrationTable) -> list[int]:
+        """Emit the accepted tokens up to the first stop condition and learn from them; return the emitted tokens."""
+        emitted = []
+        for tok in acc.tokens:
+            self.tokens.append(tok)
+            emitted.append(tok)
+            if tok in self.stop.eos_token_ids:
+                self.finish_reason = "eos"
+            elif self.stop.stop_strings and self._hit_stop_string():
+                self.finish_reason = "stop"
+            elif len(self.tokens) >= self.stop.max_new_tokens:
+                self.finish_reason = "length"
+            if self.finish_reason:
+                break
+        old = len(self.ctx)
+        self.ctx.extend(emitted)
+        if self.drafting:
+            self.local.extend(self.ctx, old, len(self.ctx))
+            if tree.num_drafts:
+                calibration.update(tree.match_length, sum(tree.probs[1:]), len(acc.rows))
+        st = self.stats
+        st.steps += 1
+        st.draft_tokens += tree.num_drafts
+        st.accepted_drafts += len(acc.rows)
+        st.new_tokens = len(self.tokens)
+        if st.steps == 1:
+            st.first_token_s = time.perf_counter() - self.started_at
+        return emitted
+
+    def close(self, memory: TokenTrie, reason: str = "cancelled") -> None:
+        """End the request (if not ended) and hand its output to the shared memory."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        self.stats.total_s = time.perf_counter() - self.started_at
+        if self.drafting and self.tokens and reason != "error":
+            memory.add_sequence(self.tokens)
+
+    def _hit_stop_string(self) -> bool:
+        assert self.tokenizer is not None, "stop strings need a tokenizer"
+        tail = self.tokenizer.decode(self.tokens[-self._stop_window :])
+        return any(s in tail for s in self.stop.stop_strings)

@@ -1,0 +1,158 @@
+"""The batching engine: joins, leaves, cancels, chunked prefill, bounded KV, and lossless batched output."""
+
+import asyncio
+
+import torch
+
+from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.engine import Engine
+from lookahead.policy import CostModel
+from lookahead.runner import ModelRunner
+from lookahead.scheduler import SchedulerConfig
+
+from .test_lossless_architectures import hf_greedy
+from .tiny_models import tiny
+
+PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], list(range(10, 40)), [7, 7, 7], [2, 9, 2, 9, 2, 9, 2]]
+
+
+def make_engine(family="llama", adaptive=False, **sched):
+    model = tiny(family)
+    la = LookaheadConfig(decoding_length=16, branch_length=6, adaptive=adaptive)
+    dec = LookaheadDecoder(ModelRunner(model), la, cost=None if adaptive else CostModel.flat())
+    return model, Engine(dec, SchedulerConfig(**{"max_batch_size": 4, "max_tokens_per_step": 64, **sched}))
+
+
+def drain(engine, handles, max_steps=2000):
+    for _ in range(max_steps):
+        if all(h._finished.is_set() for h in handles):
+            return [h.result() for h in handles]
+        engine.step()
+    raise AssertionError("requests did not finish")
+
+
+def test_requests_join_and_leave_mid_stream_and_stay_lossless():
+    model, engine = make_engine()
+    a = engine.add_request(PROMPTS[2], stop=StopCriteria(40))
+    for _ in range(5):
+        engine.step()
+    assert len(engine.scheduler.running) == 1 and a.seq.tokens  # A is decoding
+    b = engine.add_request(PROMPTS[0], stop=StopCriteria(10))  # B joins while A runs, and leaves first
+    c = engine.add_request(PROMPTS[1], stop=StopCriteria(30))
+    saw_batch = False
+    while not a._finished.is_set():
+        engine.step()
+        saw_batch |= len(engine.scheduler.running) > 1
+    assert saw_batch
+    for h, prompt, n in [(a, PROMPTS[2], 40), (b, PROMPTS[0], 10), (c, PROMPTS[1], 30)]:
+        assert drain(engine, [h])[0].tokens == hf_greedy(model, prompt, n)
+    assert engine.cache.rows == 0 and engine.scheduler.idle()
+
+
+def test_diverging_kv_lengths_are_lossless_with_drafts_accepted():
+    model, engine = make_engine()
+    # Prime the memory with every reference output, so drafts are accepted and rows advance unevenly.
+    refs = [hf_greedy(model, p, 40) for p in PROMPTS]
+    for r in refs:
+        engine.decoder.memory.add_sequence(r)
+    handles = [engine.add_request(p, stop=StopCriteria(40)) for p in PROMPTS]
+    uneven = False
+    for _ in range(3000):
+        if all(h._finished.is_set() for h in handles):
+            break
+        engine.step()
+        lengths = engine.cache.lengths
+        uneven |= len(set(lengths)) > 1
+    assert uneven
+    results = [h.result() for h in handles]
+    assert [r.tokens for r in results] == refs
+    assert sum(r.stats.accepted_drafts for r in results) > 0
+
+
+def test_cancel_frees_the_row_and_others_continue():
+    model, engine = make_engine()
+    a = engine.add_request(PROMPTS[0], stop=StopCriteria(60))
+    b = engine.add_request(PROMPTS[1], stop=StopCriteria(30))
+    for _ in range(6):
+        engine.step()
+    assert engine.cache.rows == 2
+    a.cancel()
+    engine.step()
+    assert a.result(timeout=0).finish_reason == "cancelled"
+    assert engine.cache.rows == 1
+    assert drain(engine, [b])[0].tokens == hf_greedy(model, PROMPTS[1], 30)
+
+
+def test_chunked_prefill_does_not_stall_running_requests():
+    model, engine = make_engine(prefill_chunk=8)
+    a = engine.add_request(PROMPTS[0], stop=StopCriteria(40))
+    for _ in range(3):
+        engine.step()
+    long_prompt = list(range(1, 90))  # 88 tokens to prefill = 11 chunks of 8
+    b = engine.add_request(long_prompt, stop=StopCriteria(5))
+    before = len(a.seq.tokens)
+    engine.step()
+    chunks = 1
+    while engine.scheduler.prefilling is not None:
+        engine.step()
+        chunks += 1
+    assert chunks >= 11
+    assert len(a.seq.tokens) - before >= 10  # A kept emitting during B's prefill
+    assert drain(engine, [a, b])[1].tokens == hf_greedy(model, long_prompt, 5)
+
+
+def test_lookahead_off_per_request_in_the_same_engine():
+    model, engine = make_engine()
+    on = engine.add_request(PROMPTS[0], stop=StopCriteria(30))
+    off = engine.add_request(PROMPTS[0], stop=StopCriteria(30), lookahead=LookaheadConfig(enabled=False))
+    r_on, r_off = drain(engine, [on, off])
+    assert r_on.tokens == r_off.tokens == hf_greedy(model, PROMPTS[0], 30)
+    assert r_off.stats.draft_tokens == 0
+
+
+def test_kv_memory_stays_bounded_across_many_requests():
+    model, engine = make_engine()
+    peak = 0
+    for i in range(40):
+        h = engine.add_request(PROMPTS[i % len(PROMPTS)] * (1 + i % 4), stop=StopCriteria(8 + i % 13))
+        if i % 3 == 0:
+            drain(engine, [h])
+        peak = max(peak, engine.cache.memory_bytes())
+    while not engine.scheduler.idle():
+        engine.step()
+    cfg = model.config
+    per_entry = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    longest = max(len(p) * 4 for p in PROMPTS) + 21 + engine.headroom
+    assert peak <= engine.config.max_batch_size * 4 * longest * per_entry
+    assert engine.cache.rows == 0
+
+
+def test_background_thread_serves_asyncio_clients():
+    model, engine = make_engine(adaptive=True)
+    engine.start()
+
+    async def client(prompt):
+        h = engine.add_request(prompt, stop=StopCriteria(25))
+        out = []
+        async for tokens in h.stream():
+            out += tokens
+        return out
+
+    async def main():
+        return await asyncio.gather(*(client(p) for p in PROMPTS))
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert outs == [hf_greedy(model, p, 25) for p in PROMPTS]
+
+
+def test_decoding_length_above_the_engine_bound_is_refused():
+    _, engine = make_engine()
+    try:
+        engine.add_request(PROMPTS[0], lookahead=LookaheadConfig(decoding_length=999))
+    except ValueError as e:
+        assert "decoding_length=999" in str(e)
+    else:
+        raise AssertionError("accepted an out-of-bounds decoding_length")
