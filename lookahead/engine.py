@@ -280,7 +280,7 @@ class Engine:
         width = max(fixed, default=1)
         if adaptive and any(t.num_drafts for _, t in adaptive):
             cal = self.decoder.calibration
-            probs = [[p * cal.factor(t.match_length) for p in t.probs[1:]] for _, t in adaptive]
+            probs = [[p * seq.draft_factor(cal, t.match_length) for p in t.probs[1:]] for seq, t in adaptive]
             context = sum(len(seq.ctx) for seq in running) // n
             cost = self.decoder.cost.curve_at(context)
             max_w = max(t.num_drafts for _, t in adaptive) + 1

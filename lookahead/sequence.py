@@ -15,7 +15,7 @@ import torch
 
 from .config import LookaheadConfig
 from .draft import DraftTree, build_tree, match, root_only
-from .policy import CalibrationTable
+from .policy import Calibration, CalibrationTable
 from .sampling import RowChooser, SamplingParams
 from .stats import RequestStats
 from .trie import TokenTrie
@@ -68,6 +68,7 @@ class Sequence:
             else:
                 self.generator.seed()
         self._stop_window = max((len(s) for s in self.stop.stop_strings), default=0) + 1
+        self.own_calibration = Calibration(predicted=1.0, accepted=1.0)  # this request's recent acceptance
         self.started_at = time.perf_counter()
 
     @property
@@ -92,6 +93,12 @@ class Sequence:
         sources = [(self.local, la.prompt_weight), (memory, 1.0)]
         m, matched = match(sources, self.ctx, la.max_query_length, la.min_query_length)
         return build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
+
+    def draft_factor(self, calibration: CalibrationTable, match_length: int) -> float:
+        """How far to trust this row's trie estimates: the shared rate for its match length, nudged by the
+        request's own recent acceptance relative to that rate (geometric mean)."""
+        shared = calibration.factor(match_length)
+        return min(1.0, shared * self.own_calibration.factor ** 0.5)
 
     def choose(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
         """Walk the tree with the model's tokens; `logits` is [rows >= tree rows, vocab]."""
@@ -121,6 +128,7 @@ class Sequence:
             self.local.extend(self.ctx, old, len(self.ctx))
             if tree.num_drafts:
                 calibration.update(tree.match_length, sum(tree.probs[1:]), len(acc.rows))
+                self.own_calibration.update(sum(tree.probs[1:]) * calibration.factor(tree.match_length), len(acc.rows))
         st = self.stats
         st.steps += 1
         st.draft_tokens += tree.num_drafts

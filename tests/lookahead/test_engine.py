@@ -113,7 +113,7 @@ def test_lookahead_off_per_request_in_the_same_engine():
 def test_kv_memory_stays_bounded_across_many_requests():
     model, engine = make_engine()
     peak = 0
-    for i in range(40):
+    for i in range(200):  # a long run of joins and leaves
         h = engine.add_request(PROMPTS[i % len(PROMPTS)] * (1 + i % 4), stop=StopCriteria(8 + i % 13))
         if i % 3 == 0:
             drain(engine, [h])
@@ -156,3 +156,32 @@ def test_decoding_length_above_the_engine_bound_is_refused():
         assert "decoding_length=999" in str(e)
     else:
         raise AssertionError("accepted an out-of-bounds decoding_length")
+
+
+def test_batched_sampling_keeps_the_exact_distribution():
+    """Sampled requests batched four at a time, each with its own seed, against the model's exact distribution."""
+    from lookahead import SamplingParams
+
+    from .test_sampling import PROMPT, VOCAB, chi2_pvalue, exact_two_token_distribution
+
+    model = tiny("llama", vocab_size=VOCAB)
+    with torch.no_grad():
+        model.lm_head.weight.div_(4.0)
+    la = LookaheadConfig(decoding_length=16, branch_length=3, max_query_length=1, adaptive=False)
+    dec = LookaheadDecoder(ModelRunner(model), la, cost=CostModel.flat())
+    import random
+
+    rng = random.Random(0)
+    dec.memory.add_sequence([rng.randrange(VOCAB) for _ in range(400)])
+    engine = Engine(dec, SchedulerConfig(max_batch_size=4, max_tokens_per_step=64))
+    params = SamplingParams(do_sample=True, temperature=0.9, top_p=0.95)
+    draws, counts, accepted = 2000, {}, 0
+    for start in range(0, draws, 4):
+        handles = [engine.add_request(PROMPT, stop=StopCriteria(2),
+                                      sampling=SamplingParams(**{**params.__dict__, "seed": start + i}))
+                   for i in range(4)]
+        for g in drain(engine, handles):
+            counts[tuple(g.tokens)] = counts.get(tuple(g.tokens), 0) + 1
+            accepted += g.stats.accepted_drafts
+    assert accepted > draws // 4
+    assert chi2_pvalue(counts, exact_two_token_distribution(model, params), draws) > 1e-3

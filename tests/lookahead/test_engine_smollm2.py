@@ -1,0 +1,47 @@
+"""Mixed batches on the real SmolLM2 weights: every request equals `generate` of that request alone."""
+
+import pytest
+
+from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.engine import Engine
+from lookahead.reference import hf_generate
+from lookahead.runner import ModelRunner
+from lookahead.scheduler import SchedulerConfig
+
+from .test_lossless_smollm2 import real_prompts
+
+pytestmark = pytest.mark.slow
+
+
+def test_mixed_batch_is_lossless_on_real_weights(smollm2):
+    tok, eos = smollm2.tokenizer, frozenset(smollm2.eos_token_ids)
+    prompts = real_prompts(tok, per_set=2)  # 8 prompts, 50 to ~700 tokens
+    plans = [  # (max_new_tokens, lookahead on?)
+        (40, True), (24, True), (40, False), (32, True), (16, True), (40, False), (28, True), (40, True),
+    ]
+    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(decoding_length=32), tok, eos_token_ids=eos)
+    engine = Engine(dec, SchedulerConfig(max_batch_size=4, max_tokens_per_step=96, prefill_chunk=256))
+    handles = []
+    for (pid, ids), (n, on) in zip(prompts, plans):
+        la = None if on else LookaheadConfig(enabled=False)
+        handles.append((pid, ids, n, engine.add_request(ids, stop=StopCriteria(n, eos), lookahead=la)))
+    # A stop-string request joins mid-run: it must end at the string, on generate's tokens.
+    pid, ids = prompts[0]
+    ref0 = hf_generate(smollm2.model, ids, 40, list(eos)).tokens
+    word = tok.decode(ref0).split()[4]
+    for _ in range(10):
+        engine.step()
+    late = engine.add_request(ids, stop=StopCriteria(40, eos, stop_strings=(word,)))
+    max_rows = 0
+    while not all(h._finished.is_set() for *_, h in handles) or not late._finished.is_set():
+        engine.step()
+        max_rows = max(max_rows, len(engine.scheduler.running))
+    assert max_rows == 4
+    accepted = 0
+    for pid, ids, n, h in handles:
+        g = h.result()
+        assert g.tokens == hf_generate(smollm2.model, ids, n, list(eos)).tokens, pid
+        accepted += g.stats.accepted_drafts
+    assert accepted > 0
+    g = late.result()
+    assert g.finish_reason == "stop" and g.tokens == ref0[: len(g.tokens)] and word in tok.decode(g.tokens)
