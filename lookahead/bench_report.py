@@ -8,7 +8,30 @@ import sys
 from pathlib import Path
 
 
+def levels_table(paths: list[Path]) -> str:
+    lines = [
+        "| prompt set | concurrency | lookahead on tok/s | off tok/s | on/off | per-request tok/s on / off "
+        "| p50 latency on / off | p95 latency on / off | tokens/step | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    machine = ""
+    for p in paths:
+        s = json.loads(p.read_text())["summary"]
+        machine = s["machine"]
+        for l in s["levels"]:
+            on, off = l["on"], l["off"]
+            lines.append(
+                f"| {Path(s['prompts_file']).stem} | {l['concurrency']} | {l['on_tok_s']:.1f} | {l['off_tok_s']:.1f} "
+                f"| {l['ratio']:.2f}x | {on['per_request_tok_s']:.1f} / {off['per_request_tok_s']:.1f} "
+                f"| {on['p50_latency_s']:.1f}s / {off['p50_latency_s']:.1f}s | {on['p95_latency_s']:.1f}s / {off['p95_latency_s']:.1f}s "
+                f"| {on['mean_accepted']:.2f} | {'yes' if l['identical'] else 'NO'} |"
+            )
+    return "\n".join(lines) + f"\n\nMachine: {machine}.\n"
+
+
 def table(paths: list[Path]) -> str:
+    if any("levels" in json.loads(p.read_text())["summary"] for p in paths):
+        return levels_table(paths)
     lines = [
         "| prompt set | prompts | generate tok/s | own plain tok/s | lookahead tok/s | end-to-end speedup | "
         "decode speedup | own-plain decode speedup | tokens/step | identical |",

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's concurrency benchmark: N requests in flight through the engine, lookahead on vs off.
+# Usage: bash scripts/bench_concurrency.sh [OUT_DIR] [extra bench flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/concurrency}
+shift || true
+data=${LOOKAHEAD_DATA_DIR:-../shared/data}
+mkdir -p "$out"
+for set in humaneval narrativeqa; do
+    .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \
+        --limit 16 --max-new-tokens 128 --chat --concurrency 1,2,4,8,16 --json "$out/$set.json" "$@" | tee "$out/$set.log"
+done
+.venv/bin/python -m lookahead.bench_report "$out"/*.json | tee "$out/table.md"
