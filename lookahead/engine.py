@@ -145,7 +145,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        self._fail_all(RuntimeError("the engine shut down"))
+        self._fail(RuntimeError("the engine shut down"), queued_too=True)
 
     @property
     def active_requests(self) -> int:
@@ -171,7 +171,7 @@ class Engine:
                 self._decode_step()
         except Exception as e:  # a failed forward must not hang anyone: fail what was in flight, keep serving
             log.exception("engine step failed; failing the requests in flight")
-            self._fail_all(e)
+            self._fail(e, queued_too=False)
         self.steps += 1
         return True
 
@@ -206,15 +206,18 @@ class Engine:
         self.cache.release(row, self.headroom)
         self.scheduler.remove_row(row)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException, queued_too: bool) -> None:
+        """End the requests in flight (and, on shutdown, the queued ones) with `error`."""
         s = self.scheduler
-        seqs = list(s.waiting) + ([s.prefilling.seq] if s.prefilling else []) + list(s.running)
-        with self._lock:
-            seqs += [h.seq for h in self._inbox]
-            for h in self._inbox:
-                self._handles[id(h.seq)] = h
-            self._inbox.clear()
-        s.waiting.clear()
+        seqs = ([s.prefilling.seq] if s.prefilling else []) + list(s.running)
+        if queued_too:
+            seqs += list(s.waiting)
+            s.waiting.clear()
+            with self._lock:
+                seqs += [h.seq for h in self._inbox]
+                for h in self._inbox:
+                    self._handles[id(h.seq)] = h
+                self._inbox.clear()
         s.prefilling, self._prefill_cache = None, None
         while s.running:
             self._release(len(s.running) - 1)

@@ -185,3 +185,29 @@ def test_batched_sampling_keeps_the_exact_distribution():
             accepted += g.stats.accepted_drafts
     assert accepted > draws // 4
     assert chi2_pvalue(counts, exact_two_token_distribution(model, params), draws) > 1e-3
+
+
+def test_a_failed_forward_fails_only_the_requests_in_flight(monkeypatch):
+    model, engine = make_engine(max_batch_size=2)
+    a = engine.add_request(PROMPTS[0], stop=StopCriteria(20))
+    b = engine.add_request(PROMPTS[1], stop=StopCriteria(20))
+    queued = engine.add_request(PROMPTS[2], stop=StopCriteria(20))  # waits: only two rows
+    for _ in range(4):
+        engine.step()
+    real = engine.runner.verify_batch
+
+    def boom(*args, **kwargs):
+        monkeypatch.setattr(engine.runner, "verify_batch", real)  # fail once
+        raise RuntimeError("simulated device fault")
+
+    monkeypatch.setattr(engine.runner, "verify_batch", boom)
+    engine.step()
+    for h in (a, b):
+        try:
+            h.result(timeout=0)
+        except RuntimeError as e:
+            assert "simulated device fault" in str(e)
+        else:
+            raise AssertionError("an in-flight request survived a failed forward silently")
+    assert engine.cache.rows == 0
+    assert drain(engine, [queued])[0].tokens == hf_greedy(model, PROMPTS[2], 20)  # the engine kept serving
