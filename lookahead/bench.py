@@ -26,7 +26,7 @@ from .bench_engine import print_level, run_levels
 from .generate import LookaheadDecoder
 from .sequence import Generation, StopCriteria
 from .scheduler import SchedulerConfig
-from .models import load_model
+from .models import encode, load_model
 from .reference import TimedOutput, hf_generate
 from .runner import ModelRunner
 
@@ -61,14 +61,6 @@ class PromptResult:
             "identical": self.lookahead.tokens == self.baseline.tokens,
             "own_plain_identical": self.own_plain.tokens == self.baseline.tokens,
         }
-
-
-def encode(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
-        return list(ids)
-    return tokenizer(text)["input_ids"]
 
 
 def summarize(rows: list[dict]) -> dict:

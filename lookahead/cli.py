@@ -7,11 +7,10 @@ import argparse
 import logging
 import sys
 
-from .bench import encode
 from .config import MODES, LookaheadConfig
 from .generate import LookaheadDecoder
 from .sequence import StopCriteria
-from .models import load_model
+from .models import encode, load_model
 from .runner import ModelRunner
 from .sampling import SamplingParams
 

@@ -112,6 +112,7 @@ class Engine:
         self._prefill_cache: KVCache | None = None
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
+        self._forward_ms: dict[tuple[int, int], tuple[float, int]] = {}  # (rows, width) -> (EMA ms, samples)
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -258,6 +259,7 @@ class Engine:
         logits = self.runner.verify_batch(self.cache, trees, width)  # [rows, width, vocab]
         t2 = time.perf_counter()
         self.forward_tokens += n * width
+        self._observe(n, width, (t2 - t1) * 1e3)
         keeps, done = [], []
         for row, (seq, tree) in enumerate(zip(running, trees)):
             acc = seq.choose(tree, logits[row])
@@ -285,7 +287,34 @@ class Engine:
             cal = self.decoder.calibration
             probs = [[p * seq.draft_factor(cal, t.match_length) for p in t.probs[1:]] for seq, t in adaptive]
             context = sum(len(seq.ctx) for seq in running) // n
-            cost = self.decoder.cost.curve_at(context)
+            cost = self._relative_cost(n, self.decoder.cost.curve_at(context))
             max_w = max(t.num_drafts for _, t in adaptive) + 1
             width = max(width, choose_width(probs, cost, self.config.max_tokens_per_step, max_w))
         return max(1, min(width, cap))
+
+    # ---- forward costs measured while serving ----------------------------
+    TRUST_AFTER = 3  # samples of a (rows, width) forward before its measured time replaces the model's
+
+    def _observe(self, rows: int, width: int, ms: float) -> None:
+        ema, k = self._forward_ms.get((rows, width), (ms, 0))
+        self._forward_ms[(rows, width)] = (ema + (ms - ema) * max(0.2, 1 / (k + 1)), k + 1)
+
+    def _relative_cost(self, rows: int, curve):
+        """Cost of a forward of `tokens` = rows x width, relative to a plain step of the same rows.
+
+        The start-up curve was measured on one row; padded multi-row forwards
+        scale differently, so once a (rows, width) shape has been timed often
+        enough while serving, its measured ratio to the plain step is used.
+        Only ratios matter to the width choice, and ratios survive the
+        machine's speed drifting.
+        """
+        plain = self._forward_ms.get((rows, 1))
+
+        def cost(tokens: int) -> float:
+            width = tokens // rows
+            seen = self._forward_ms.get((rows, width))
+            if plain and plain[1] >= self.TRUST_AFTER and seen and seen[1] >= self.TRUST_AFTER:
+                return seen[0] / plain[0]
+            return curve(tokens) / curve(rows)
+
+        return cost

@@ -139,3 +139,12 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     model = model.to(device).eval()
     return LoadedModel(model, tokenizer, spec, path, eos_ids(model, tokenizer))
+
+
+def encode(tokenizer, text: str, chat: bool) -> list[int]:
+    """Token ids of a user prompt, through the model's chat template when `chat`."""
+    if chat:
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers 5 returns a BatchEncoding
+        return list(ids)
+    return tokenizer(text)["input_ids"]

@@ -3,7 +3,7 @@
 import pytest
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
-from lookahead.bench import encode
+from lookahead.models import encode
 from lookahead.policy import CostModel
 from lookahead.reference import hf_generate
 from lookahead.runner import ModelRunner
