@@ -36,6 +36,13 @@ log = logging.getLogger(__name__)
 _TOKENS, _DONE, _ERROR = "tokens", "done", "error"
 
 
+def _unpack(kind: str, payload):
+    """An event's tokens; None when the request is done; a failed request's error is raised."""
+    if kind == _ERROR:
+        raise payload
+    return payload if kind == _TOKENS else None
+
+
 class RequestHandle:
     """A request in the engine: stream its tokens (sync or async), wait for its result, or cancel it."""
 
@@ -63,25 +70,13 @@ class RequestHandle:
 
     def __iter__(self):
         assert self._loop is None, "this handle streams to an asyncio loop: use `async for ... in handle.stream()`"
-        while True:
-            kind, payload = self._events.get()
-            if kind == _TOKENS:
-                yield payload
-            elif kind == _ERROR:
-                raise payload
-            else:
-                return
+        while (tokens := _unpack(*self._events.get())) is not None:
+            yield tokens
 
     async def stream(self):
         assert self._loop is not None, "this handle was created outside an event loop: iterate it directly"
-        while True:
-            kind, payload = await self._events.get()
-            if kind == _TOKENS:
-                yield payload
-            elif kind == _ERROR:
-                raise payload
-            else:
-                return
+        while (tokens := _unpack(*(await self._events.get()))) is not None:
+            yield tokens
 
     def cancel(self) -> None:
         self.cancelled = True
