@@ -77,6 +77,3 @@ class KVCache(Cache):
                     layer.keys[:, :, base : base + n] = layer.keys.index_select(2, idx)
                     layer.values[:, :, base : base + n] = layer.values.index_select(2, idx)
         self.length = base + n
-
-    def memory_bytes(self) -> int:
-        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)

@@ -90,7 +90,6 @@ class Calibration:
     predicted: float = 4.0  # a mild prior: trust the trie at about 3/4
     accepted: float = 3.0
     decay: float = 0.98
-    history: list[float] = field(default_factory=list, repr=False)
 
     @property
     def factor(self) -> float:
