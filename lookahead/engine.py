@@ -144,6 +144,11 @@ class Engine:
         self._fail(RuntimeError("the engine shut down"), queued_too=True)
 
     @property
+    def alive(self) -> bool:
+        """The background thread is running (False before `start` and after `shutdown` or a crash)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def active_requests(self) -> int:
         s = self.scheduler
         return len(self._inbox) + len(s.waiting) + (s.prefilling is not None) + len(s.running)

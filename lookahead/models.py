@@ -6,7 +6,9 @@ A spec is one of:
   whose `__init__` needs the `llm` CLI);
 - a path to a `.gguf` file;
 - a local model directory or a Hugging Face id (loaded from the local cache
-  when offline).
+  when offline). A legacy remote-code Qwen(1) or ChatGLM3 checkpoint is
+  converted once into a native architecture (see `lookahead.convert`), cached
+  under the cache dir by a fingerprint of the source.
 
 GGUF weights are dequantised by transformers (~15-20 s for SmolLM2); the result
 is cached as safetensors under the cache dir, keyed by the file's SHA-256, so
@@ -110,7 +112,10 @@ def resolve_path(spec: str) -> str:
         if not p.is_file():
             raise FileNotFoundError(f"no GGUF file at {spec!r}")
         return str(gguf_to_safetensors(p))
-    return spec
+    from .convert.cache import converted_folder  # imported here: most loads never need the converter
+
+    converted = converted_folder(spec, cache_dir() / "converted")
+    return str(converted) if converted is not None else spec
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -129,22 +134,30 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str = "auto",
     trust_remote_code: bool = False,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
 ) -> LoadedModel:
+    """Load a spec; with `device_map` (and `max_memory`) accelerate places the layers, e.g. across GPUs."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     path = resolve_path(spec)
     if trust_remote_code:
         log.warning("trust_remote_code is on for %s: its repository's Python code will run here", spec)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
-    model = model.to(device).eval()
+    placement = {"device_map": device_map, "max_memory": max_memory} if device_map is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placement)
+    model = (model if device_map is not None else model.to(device)).eval()
     return LoadedModel(model, tokenizer, spec, path, eos_ids(model, tokenizer))
 
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:
-    """Token ids of a user prompt, through the model's chat template when `chat`."""
+    """Token ids of a user prompt, through the model's chat template when `chat`.
+
+    In chat, control-token strings inside the text (`<|im_end|>`, `<|user|>`...) are encoded as plain text,
+    so a prompt cannot forge turns."""
     if chat:
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, sanitize_control_tokens=True)
         ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers 5 returns a BatchEncoding
         return list(ids)
     return tokenizer(text)["input_ids"]

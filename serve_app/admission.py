@@ -1,0 +1,56 @@
+"""An OpenAI request body -> a `Job` for one model, or the 400 that says which field is wrong.
+
+Checked here, at the ingress, against the model's config: parameters this
+server does not support, `max_tokens` against the model's limit, the number
+of stop strings, and per-request lookahead overrides against their bounds.
+The prompt's length in tokens is checked by the replica, which tokenizes.
+"""
+
+import uuid
+
+from .config import ModelConfig
+from .jobs import Job, JobError, Rejected
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+
+def to_job(body: CompletionRequest | ChatCompletionRequest, cfg: ModelConfig) -> Job:
+    bad = body.unsupported()
+    if bad is not None:
+        raise Rejected(JobError(400, f"unsupported value for parameter {bad!r} on this server", bad))
+    chat = isinstance(body, ChatCompletionRequest)
+    limits = cfg.limits
+    asked = body.requested_max_tokens() if chat else body.max_tokens
+    if asked is not None and asked > limits.max_new_tokens:
+        param = "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
+        raise Rejected(JobError(400, f"{param}={asked} is more than this model allows ({limits.max_new_tokens})",
+                                param))
+    stop = body.stop_list()
+    if len(stop) > limits.max_stop_strings:
+        raise Rejected(JobError(400, f"{len(stop)} stop strings; at most {limits.max_stop_strings}", "stop"))
+    if any(len(s) > 256 for s in stop):
+        raise Rejected(JobError(400, "stop strings may be at most 256 characters", "stop"))
+    la = body.lookahead
+    bounds = cfg.lookahead
+    if la is not None:
+        if la.decoding_length is not None and la.decoding_length > bounds.decoding_length_bound:
+            raise Rejected(JobError(400, f"lookahead.decoding_length may be at most {bounds.decoding_length_bound}",
+                                    "lookahead.decoding_length"))
+        if la.branch_length is not None and la.branch_length > bounds.branch_length_bound:
+            raise Rejected(JobError(400, f"lookahead.branch_length may be at most {bounds.branch_length_bound}",
+                                    "lookahead.branch_length"))
+    prefix = "chatcmpl" if chat else "cmpl"
+    return Job(
+        request_id=f"{prefix}-{uuid.uuid4().hex}",
+        prompt=None if chat else body.prompt_text_or_ids(),
+        messages=tuple((m.role, m.text()) for m in body.messages) if chat else None,
+        max_tokens=asked if asked is not None else limits.default_max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        repetition_penalty=body.repetition_penalty,
+        seed=body.seed,
+        stop=tuple(stop),
+        lookahead_enabled=la.enabled if la else None,
+        decoding_length=la.decoding_length if la else None,
+        branch_length=la.branch_length if la else None,
+    )

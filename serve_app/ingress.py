@@ -1,0 +1,147 @@
+"""The HTTP ingress: OpenAI-compatible endpoints, routing by `model`, dynamic batching per model.
+
+    POST /v1/completions        text completion, streamed (SSE) or not
+    POST /v1/chat/completions   chat completion, streamed (SSE) or not
+    GET  /v1/models             the configured model names
+    GET  /health                200 while the ingress is up
+
+Errors are JSON bodies in OpenAI's shape, `{"error": {"message", "type",
+"param", "code"}}`: 400 for malformed JSON, wrong types, values out of range,
+unsupported parameters and over-long prompts (naming the field), 404 for an
+unknown model, 413 for an oversized body, 503 (with Retry-After) when the
+model's queue is full. A client that disconnects cancels its own request
+only. `reconfigure` takes `{"batching": {model: {max_batch_size,
+batch_wait_timeout_s}}}` through the deployment's `user_config`.
+"""
+
+import asyncio
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from ray import serve
+from starlette.responses import JSONResponse, StreamingResponse
+
+from .admission import to_job
+from .cancel_board import CancelBoard
+from .config import AppConfig
+from .jobs import JobError, Rejected
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses import Completion, error_response, sse
+from .route import JobStream, ModelRoute
+
+log = logging.getLogger("ray.serve")
+
+RETRY_AFTER_S = "2"
+
+app = FastAPI(title="lookahead-serve", description="OpenAI-compatible LLM serving with lookahead decoding")
+
+
+def _field(loc) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) if parts else "body"
+
+
+@app.exception_handler(RequestValidationError)
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        return error_response(JobError(400, f"malformed JSON: {first.get('msg')}", "body"))
+    param = _field(first.get("loc", ()))
+    return error_response(JobError(400, f"{param}: {first.get('msg')}", param))
+
+
+@app.middleware("http")
+async def _body_cap(request: Request, call_next):
+    cap = request.app.state.max_body_bytes if hasattr(request.app.state, "max_body_bytes") else None
+    length = request.headers.get("content-length")
+    if cap is not None and length is not None and length.isdigit() and int(length) > cap:
+        return error_response(JobError(413, f"request body over {cap} bytes", "body"))
+    return await call_next(request)
+
+
+@serve.deployment
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, config: AppConfig, handles: dict) -> None:
+        if isinstance(config, dict):
+            config = AppConfig.model_validate(config)
+        self.config = config
+        app.state.max_body_bytes = config.ingress.max_body_bytes
+        self.board = CancelBoard.remote()
+        cfgs = {m.name: m for m in config.models}
+        self.routes = {name: ModelRoute(cfgs[name], handle, self.board) for name, handle in handles.items()}
+
+    def reconfigure(self, user_config: dict) -> None:
+        for name, settings in (user_config or {}).get("batching", {}).items():
+            if name in self.routes:
+                self.routes[name].set_batching(settings.get("max_batch_size"), settings.get("batch_wait_timeout_s"))
+
+    @app.get("/health")
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "lookahead-serve"}
+                                           for n in self.routes]}
+
+    @app.post("/v1/completions")
+    async def completions(self, body: CompletionRequest):
+        return await self._serve(body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest):
+        return await self._serve(body, chat=True)
+
+    async def _serve(self, body, chat: bool):
+        route = self.routes.get(body.model)
+        if route is None:
+            return error_response(JobError(404, f"model {body.model!r} is not served here; see /v1/models",
+                                           "model", "not_found_error"))
+        try:
+            job = to_job(body, route.cfg)
+        except Rejected as e:
+            return error_response(e.error)
+        stream = route.submit(job)
+        events = stream.__aiter__()
+        out = Completion(job.request_id, body.model, chat)
+        try:
+            first = await events.__anext__()  # "started" or the reason it could not start
+            if first.error is not None:
+                stream.finished = True
+                headers = {"Retry-After": RETRY_AFTER_S} if first.error.status == 503 else None
+                return error_response(first.error, headers)
+            if body.stream:
+                usage = bool(body.stream_options and body.stream_options.include_usage)
+                return StreamingResponse(self._sse(stream, events, out, usage), media_type="text/event-stream")
+            async for e in events:
+                if e.error is not None:
+                    return error_response(e.error)
+                out.text += e.text
+                if e.final:
+                    out.finish_reason, out.usage, out.lookahead = e.finish_reason, e.usage, e.lookahead
+            return JSONResponse(out.body())
+        finally:
+            if not body.stream:
+                stream.cancel()  # no-op when finished; else the client went away mid-request
+
+    async def _sse(self, stream: JobStream, events, out: Completion, include_usage: bool):
+        first = True
+        try:
+            async for e in events:
+                if e.error is not None:
+                    yield sse(e.error.body())
+                    return
+                if e.final:
+                    out.finish_reason, out.usage, out.lookahead = e.finish_reason, e.usage, e.lookahead
+                if e.text or first or e.final:
+                    yield sse(out.chunk(e.text, e.finish_reason, first=first))
+                    first = False
+            if include_usage:
+                yield sse(out.usage_chunk())
+            yield sse("[DONE]")
+        except asyncio.CancelledError:
+            raise
+        finally:
+            stream.cancel()

@@ -1,0 +1,45 @@
+"""Prometheus metrics of a model replica, through `ray.serve.metrics`.
+
+Ray exports them with the rest of its metrics on each node's metrics agent
+(`ray start --metrics-export-port=8080`, or the port in
+`/tmp/ray/session_latest/metrics/prometheus/`), all prefixed `ray_`, with the
+`model` tag plus Serve's deployment/replica/application tags:
+
+    ray_lookahead_generated_tokens_total      tokens sent to clients
+    ray_lookahead_draft_tokens_total          draft tokens verified
+    ray_lookahead_accepted_tokens_per_step    histogram: a request's tokens per forward (1 = plain decoding)
+    ray_lookahead_time_to_first_token_s       histogram: job admitted -> first token
+    ray_lookahead_requests_total              by `status`: ok | cancelled | error | rejected
+    ray_lookahead_engine_queue                requests waiting + running in the engine
+"""
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+
+class ReplicaMetrics:
+    def __init__(self, model: str) -> None:
+        self.generated = Counter("lookahead_generated_tokens", "Tokens generated", tag_keys=("model",))
+        self.drafts = Counter("lookahead_draft_tokens", "Draft tokens verified", tag_keys=("model",))
+        self.accepted = Histogram("lookahead_accepted_tokens_per_step", "Tokens per verification forward, per request",
+                                  boundaries=[1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0], tag_keys=("model",))
+        self.ttft = Histogram("lookahead_time_to_first_token_s", "Seconds from admission to the first token",
+                              boundaries=[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0], tag_keys=("model",))
+        self.requests = Counter("lookahead_requests", "Requests by final status", tag_keys=("model", "status"))
+        self.queue = Gauge("lookahead_engine_queue", "Requests waiting and running in the engine", tag_keys=("model",))
+        self.model = model
+        self.tags = {"model": model}
+
+    def finished(self, status: str, new_tokens: int = 0, draft_tokens: int = 0, per_step: float = 0.0,
+                 first_token_s: float | None = None) -> None:
+        self.requests.inc(tags={"model": self.model, "status": status})
+        if new_tokens:
+            self.generated.inc(new_tokens, tags=self.tags)
+        if draft_tokens:
+            self.drafts.inc(draft_tokens, tags=self.tags)
+        if per_step:
+            self.accepted.observe(per_step, tags=self.tags)
+        if first_token_s is not None:
+            self.ttft.observe(first_token_s, tags=self.tags)
+
+    def set_queue(self, queue: float) -> None:
+        self.queue.set(queue, tags=self.tags)

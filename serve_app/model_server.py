@@ -1,0 +1,207 @@
+"""The model deployment: one replica holds one model and one lookahead engine.
+
+GPU configs reserve `num_gpus: 1` per replica, so there is one replica per
+GPU. The ingress sends groups of jobs in single streaming calls
+(`generate_group`); the replica adds each job to its engine, whose continuous
+batch merges them with every other group in flight, and streams back lists of
+events as tokens come out. The engine's forwards run in its own thread, so
+the replica's event loop only tokenizes, routes events and watches the cancel
+board. The replica also reports its engine's queue for autoscaling
+(`record_autoscaling_stats`) and fails its health check if the engine died.
+"""
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+import torch
+from ray import serve
+
+from lookahead.config import LookaheadConfig
+from lookahead.engine import Engine, RequestHandle
+from lookahead.generate import LookaheadDecoder
+from lookahead.models import load_model
+from lookahead.runner import ModelRunner
+from lookahead.sampling import SamplingParams
+from lookahead.scheduler import SchedulerConfig
+from lookahead.sequence import StopCriteria
+
+from .autoscaling import ENGINE_QUEUE
+from .config import ModelConfig
+from .detokenize import Detokenizer
+from .jobs import Event, Job, JobError, Rejected, Usage
+from .metrics import ReplicaMetrics
+
+log = logging.getLogger("ray.serve")
+
+WATCH_S = 5.0  # long-poll period on the cancel board
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled", "error": "error"}
+
+
+def _placement_memory(max_memory: dict | None) -> dict | None:
+    return None if max_memory is None else {(int(k) if k.isdigit() else k): v for k, v in max_memory.items()}
+
+
+@serve.deployment
+class LookaheadModel:
+    def __init__(self, cfg: ModelConfig) -> None:
+        if isinstance(cfg, dict):
+            cfg = ModelConfig.model_validate(cfg)
+        self.cfg = cfg
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
+                        device_map=cfg.device_map, max_memory=_placement_memory(cfg.max_memory))
+        self.tokenizer = lm.tokenizer
+        self.eos = frozenset(lm.eos_token_ids)
+        runner = ModelRunner(lm.model)
+        runner.check_tree_masks()
+        la = cfg.lookahead
+        stop_words = frozenset(t for w in la.stop_words for t in self.tokenizer.encode(w, add_special_tokens=False))
+        # The decoder's limits are the per-request bounds; a request without overrides gets `self.default_la`.
+        bound = LookaheadConfig(enabled=la.enabled, decoding_length=la.decoding_length_bound,
+                                branch_length=la.branch_length_bound, decoding_mode=la.decoding_mode,
+                                stop_words=stop_words, adaptive=la.adaptive, memory_max_nodes=la.memory_max_nodes)
+        self.default_la = bound.with_overrides(decoding_length=la.decoding_length, branch_length=la.branch_length)
+        decoder = LookaheadDecoder(runner, bound, self.tokenizer, eos_token_ids=lm.eos_token_ids)
+        b = cfg.batching
+        self.engine = Engine(decoder, SchedulerConfig(max_batch_size=b.max_batch_size,
+                                                      max_tokens_per_step=b.max_tokens_per_step,
+                                                      prefill_chunk=b.prefill_chunk)).start()
+        self.metrics = ReplicaMetrics(cfg.name)
+        log.info("model %s ready (%s, pid %d)", cfg.name, lm.path, os.getpid())
+
+    # ---- Ray Serve hooks ---------------------------------------------------
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        queue = float(self.engine.active_requests)
+        self.metrics.set_queue(queue)
+        return {ENGINE_QUEUE: queue}
+
+    def check_health(self) -> None:
+        if not self.engine.alive:
+            raise RuntimeError(f"the engine of model {self.cfg.name} has stopped")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(timeout=5)
+
+    # ---- requests ----------------------------------------------------------
+    async def queue_length(self) -> int:
+        return self.engine.active_requests
+
+    async def generate_group(self, jobs: list[Job], board=None) -> AsyncIterator[list[Event]]:
+        """Run a group of jobs in the engine; yields lists of events (each tagged with its job's index)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        handles: dict[str, RequestHandle] = {}
+        pumps = []
+        for i, job in enumerate(jobs):
+            try:
+                handle = self._admit(job, loop)
+            except ValueError as e:  # a setting the engine refused (the ingress checks bounds first)
+                self.metrics.finished("rejected")
+                events.put_nowait(Event(i, error=JobError(400, str(e), "lookahead")))
+                continue
+            except Rejected as e:
+                self.metrics.finished("rejected")
+                events.put_nowait(Event(i, error=e.error))
+                continue
+            handles[job.request_id] = handle
+            events.put_nowait(Event(i, started=True))
+            pumps.append(asyncio.ensure_future(self._pump(i, job, handle, events)))
+        watcher = asyncio.ensure_future(self._watch(board, handles)) if board is not None and handles else None
+        left = len(jobs)
+        try:
+            while left:
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                left -= sum(e.final for e in batch)
+                yield batch
+        finally:  # normal end, or the caller went away: nothing of this group may keep running
+            for h in handles.values():
+                h.cancel()
+            for task in pumps + ([watcher] if watcher else []):
+                task.cancel()
+
+    def _admit(self, job: Job, loop) -> RequestHandle:
+        if self.engine.active_requests >= self.cfg.limits.max_engine_queue:
+            raise Rejected(JobError(503, f"model {self.cfg.name} is at capacity; retry later", type="overloaded"))
+        ids = self._encode(job)
+        if len(ids) > self.cfg.limits.max_prompt_tokens:
+            param = "messages" if job.messages is not None else "prompt"
+            raise Rejected(JobError(400, f"the prompt has {len(ids)} tokens; this model accepts at most "
+                                        f"{self.cfg.limits.max_prompt_tokens}", param))
+        if not ids:
+            raise Rejected(JobError(400, "the prompt is empty", "prompt"))
+        la = self.default_la.with_overrides(enabled=job.lookahead_enabled, decoding_length=job.decoding_length,
+                                            branch_length=job.branch_length)
+        sampling = SamplingParams(do_sample=job.temperature > 0, temperature=job.temperature or 1.0,
+                                  top_p=job.top_p, top_k=max(job.top_k, 0),
+                                  repetition_penalty=job.repetition_penalty, seed=job.seed)
+        stop = StopCriteria(job.max_tokens, self.eos, job.stop)
+        return self.engine.add_request(ids, loop=loop, stop=stop, sampling=sampling, lookahead=la)
+
+    def _encode(self, job: Job) -> list[int]:
+        if job.messages is not None:
+            turns = [{"role": "system" if r == "developer" else r, "content": t} for r, t in job.messages]
+            try:
+                out = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+            except Exception as e:  # e.g. a template that rejects a role order
+                raise Rejected(JobError(400, f"the chat template rejected the messages: {e}", "messages")) from e
+            return list(out["input_ids"] if hasattr(out, "keys") else out)
+        if isinstance(job.prompt, list):
+            vocab = len(self.tokenizer)
+            if any(not 0 <= t < vocab for t in job.prompt):
+                raise Rejected(JobError(400, f"prompt token ids must be in [0, {vocab})", "prompt"))
+            return list(job.prompt)
+        return self.tokenizer(job.prompt)["input_ids"]
+
+    async def _pump(self, index: int, job: Job, handle: RequestHandle, events: asyncio.Queue) -> None:
+        detok = Detokenizer(self.tokenizer, job.stop)
+        t0 = time.perf_counter()
+        first: float | None = None
+        try:
+            async for tokens in handle.stream():
+                if first is None:
+                    first = time.perf_counter() - t0
+                text = detok.push(tokens)
+                if text:
+                    events.put_nowait(Event(index, text=text))
+        except Exception as e:  # the engine failed this request
+            log.exception("request %s failed in the engine", job.request_id)
+            self.metrics.finished("error")
+            events.put_nowait(Event(index, error=JobError(500, f"generation failed: {type(e).__name__}",
+                                                          type="server_error")))
+            return
+        gen = handle.seq.result()
+        st = gen.stats
+        reason = "stop" if detok.stopped else FINISH.get(gen.finish_reason, gen.finish_reason)
+        tail = detok.finish()
+        self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
+                              st.mean_accepted, first)
+        events.put_nowait(Event(index, text=tail, finish_reason=reason,
+                                usage=Usage(st.prompt_tokens, st.new_tokens), lookahead=lookahead_stats(st)))
+
+    async def _watch(self, board, handles: dict[str, RequestHandle]) -> None:
+        """Cancel this group's requests that their clients gave up on."""
+        pending = dict(handles)
+        while pending:
+            ids = [r for r, h in pending.items() if not h.seq.finished]
+            if not ids:
+                return
+            try:
+                cancelled = await board.watch.remote(ids, WATCH_S)
+            except Exception:  # the board's ingress died; its clients are gone too
+                log.warning("cancel board unreachable; cancelling %d requests", len(ids))
+                cancelled = ids
+            for rid in cancelled:
+                pending.pop(rid).cancel()
+
+
+def lookahead_stats(st) -> dict:
+    return {"steps": st.steps, "mean_accepted_tokens": round(st.mean_accepted, 4),
+            "draft_tokens": st.draft_tokens, "accepted_draft_tokens": st.accepted_drafts}

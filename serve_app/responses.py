@@ -1,0 +1,70 @@
+"""OpenAI response shapes: whole completions, SSE chunks, and error bodies.
+
+Besides OpenAI's fields, every completion (and the last chunk of a stream)
+carries `lookahead`: the request's verification steps, mean tokens accepted
+per step, and draft tokens verified / accepted. Clients that do not know the
+field ignore it.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from starlette.responses import JSONResponse
+
+from .jobs import JobError, Usage
+
+
+@dataclass
+class Completion:
+    """What one request produced, gathered from its events."""
+
+    id: str
+    model: str
+    chat: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: str = ""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    lookahead: dict = field(default_factory=dict)
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def body(self) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None,
+                      "finish_reason": self.finish_reason}
+        else:
+            choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": self.finish_reason}
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self.usage.as_dict() if self.usage else None,
+                "lookahead": self.lookahead}
+
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+        if finish_reason is not None:
+            out["lookahead"] = self.lookahead
+        return out
+
+    def usage_chunk(self) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
+                "usage": self.usage.as_dict() if self.usage else None}
+
+
+def sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def error_response(err: JobError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)

@@ -1,0 +1,93 @@
+"""One model as the ingress sees it: dynamic batching into groups, one streaming call per group.
+
+Requests for the model that arrive within `batch_wait_timeout_s` of each
+other (up to `max_batch_size`) form a group through `@serve.batch`; the group
+goes to one model replica in a single streaming call, whose engine merges it
+into its running batch. Groups run concurrently (`max_concurrent_batches`),
+so a group never waits for an earlier one to finish: the engine, not the
+ingress, decides who shares a forward.
+
+`JobStream` is one request's view: its events, in order, and `cancel()`,
+which posts the request id to the cancel board so the replica stops just
+that request. A failure of the call (overload, a dead replica) ends every
+unfinished request of the group with an error event; none is left hanging.
+"""
+
+import asyncio
+import logging
+
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+
+from .config import ModelConfig
+from .jobs import Event, Job, JobError
+
+log = logging.getLogger("ray.serve")
+
+MAX_CONCURRENT_GROUPS = 1024
+
+
+def _call_error(e: BaseException) -> JobError:
+    if isinstance(e, BackPressureError):
+        return JobError(503, "the model's queue is full; retry later", type="overloaded")
+    log.warning("group call failed: %s: %s", type(e).__name__, e)
+    return JobError(503, f"the model replica failed ({type(e).__name__}); retry", type="server_error")
+
+
+class ModelRoute:
+    def __init__(self, cfg: ModelConfig, handle, board) -> None:
+        self.cfg = cfg
+        self.handle = handle.options(stream=True)
+        self.board = board
+        b = cfg.batching
+        self.batcher = serve.batch(max_batch_size=b.max_batch_size, batch_wait_timeout_s=b.batch_wait_timeout_s,
+                                   max_concurrent_batches=MAX_CONCURRENT_GROUPS)(self._run_group)
+
+    def set_batching(self, max_batch_size: int | None = None, batch_wait_timeout_s: float | None = None) -> None:
+        if max_batch_size is not None:
+            self.batcher.set_max_batch_size(max_batch_size)
+        if batch_wait_timeout_s is not None:
+            self.batcher.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    def submit(self, job: Job) -> "JobStream":
+        return JobStream(job, self)
+
+    async def _run_group(self, jobs: list[Job]):
+        """serve.batch generator: each yield has one entry per job: its new events, or StopIteration once done."""
+        n = len(jobs)
+        done = [False] * n
+        error: JobError | None = None
+        try:
+            async for events in self.handle.generate_group.remote(jobs, self.board):
+                out: list[list[Event]] = [[] for _ in range(n)]
+                for e in events:
+                    out[e.index].append(e)
+                yield [StopIteration if done[i] else out[i] for i in range(n)]
+                for e in events:
+                    done[e.index] = done[e.index] or e.final
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure must reach the group's clients
+            error = _call_error(e)
+        if not all(done):
+            error = error or JobError(502, "the model replica ended the stream early", type="server_error")
+            yield [StopIteration if done[i] else [Event(i, error=error)] for i in range(n)]
+
+
+class JobStream:
+    def __init__(self, job: Job, route: ModelRoute) -> None:
+        self.job = job
+        self.route = route
+        self.finished = False
+
+    async def __aiter__(self):
+        async for events in self.route.batcher(self.job):
+            for e in events:
+                self.finished = self.finished or e.final
+                yield e
+
+    def cancel(self) -> None:
+        """The client went away: stop this request only (no-op once it has finished)."""
+        if not self.finished:
+            self.finished = True
+            self.route.board.cancel.remote([self.job.request_id])
