@@ -9,6 +9,7 @@ import hashlib
 import logging
 from pathlib import Path
 
+from .checkpoint import weight_files
 from .converter import convert
 from .families import detect
 
@@ -27,8 +28,17 @@ def fingerprint(src: Path) -> str:
     return h.hexdigest()[:24]
 
 
+def has_weights(src: Path) -> bool:
+    try:
+        return all(path.is_file() for path in weight_files(src))
+    except FileNotFoundError:
+        return False
+
+
 def hub_folder(repo_id: str) -> Path | None:
-    """The local snapshot of a Hugging Face repo holding a legacy checkpoint, fetched if needed; else None."""
+    """The local snapshot of a Hugging Face repo holding a legacy checkpoint, fetched if needed; else None.
+
+    A repo already in the local cache costs no network call."""
     try:
         from huggingface_hub import hf_hub_download, snapshot_download, try_to_load_from_cache
 
@@ -37,8 +47,11 @@ def hub_folder(repo_id: str) -> Path | None:
             config = hf_hub_download(repo_id, "config.json")
     except Exception:  # not a repo id, or offline and not cached: leave it to from_pretrained
         return None
-    if detect(Path(config).parent) is None:
+    folder = Path(config).parent
+    if detect(folder) is None:
         return None
+    if has_weights(folder):
+        return folder
     return Path(snapshot_download(repo_id, allow_patterns=list(_SOURCE_FILES)))
 
 
