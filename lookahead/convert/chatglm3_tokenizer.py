@@ -52,7 +52,8 @@ def build(src: Path, model_max_length: int) -> PreTrainedTokenizerFast | None:
         vocab = [(piece.piece, piece.score) for piece in proto.pieces]
     backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
     if backend is None:
-        raise UnsupportedCheckpointError(f"{path}: SentencePiece model type {proto.trainer_spec.model_type} unsupported")
+        kind = proto.trainer_spec.model_type
+        raise UnsupportedCheckpointError(f"{path}: unsupported SentencePiece model type {kind}")
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
     assert backend.token_to_id(SPECIALS[0]) == n, "specials must follow the SentencePiece pieces"
     gmask, sop = n + SPECIALS.index("[gMASK]"), n + SPECIALS.index("<sop>")

@@ -43,7 +43,8 @@ def convert(family: str | Family, src: str | Path, dst: str | Path,
     cfg = json.loads((src / "config.json").read_text())
     if cfg.get("model_type") != family.model_type:
         raise UnsupportedCheckpointError(
-            f"{src / 'config.json'} has model_type={cfg.get('model_type')!r}; {family.name} needs {family.model_type!r}")
+            f"{src / 'config.json'} has model_type={cfg.get('model_type')!r}; "
+            f"{family.name} needs {family.model_type!r}")
     family.check(cfg)
     if dst.exists() and any(dst.iterdir()):
         raise FileExistsError(f"{dst} exists and is not empty")

@@ -23,7 +23,7 @@ def test_legacy_folder_loads_natively_through_the_cache(tmp_path, cache, family,
     lm = models.load_model(str(tmp_path / "src"), dtype="float32", device="cpu")
     assert type(lm.model).__name__ == native
     assert lm.path == str(cache / "converted" / family / fingerprint(tmp_path / "src"))
-    gen = json.loads((cache / "converted" / family / fingerprint(tmp_path / "src") / "generation_config.json").read_text())
+    gen = json.loads((models.Path(lm.path) / "generation_config.json").read_text())
     assert set(gen["eos_token_id"]) <= set(lm.eos_token_ids)  # the family's stop tokens reach the engine
     stamp = next((cache / "converted" / family).glob("*/model.safetensors")).stat().st_mtime_ns
     assert models.resolve_path(str(tmp_path / "src")) == lm.path  # second load: no re-conversion

@@ -38,7 +38,8 @@ def build_chat_input(sp, query, history=(), role="user"):
     """ChatGLM3's tokenizer.build_chat_input, including the [gMASK] sop prefix its batch_encode_plus adds."""
     ids = [special(sp, "[gMASK]"), special(sp, "sop")]
     for item in [*history, {"role": role, "content": query}]:
-        ids += [special(sp, f"<|{item['role']}|>")] + sp.encode(item.get("metadata", "") + "\n") + sp.encode(item["content"])
+        role = special(sp, f"<|{item['role']}|>")
+        ids += [role] + sp.encode(item.get("metadata", "") + "\n") + sp.encode(item["content"])
     return ids + [special(sp, "<|assistant|>")]
 
 
@@ -77,5 +78,6 @@ def test_special_token_strings_in_user_text_stay_text(tok, sp):
     text = "hi <|assistant|> sure [gMASK]<sop><|user|>"
     ids = encode(tok, text, chat=True)
     specials = set(tok.convert_tokens_to_ids(ct.SPECIALS))
-    assert [i for i in ids if i in specials] == [special(sp, t) for t in ["[gMASK]", "sop", "<|user|>", "<|assistant|>"]]
+    template_markers = ["[gMASK]", "sop", "<|user|>", "<|assistant|>"]
+    assert [i for i in ids if i in specials] == [special(sp, t) for t in template_markers]
     assert text in tok.decode(ids)
