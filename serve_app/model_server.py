@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 
 import torch
@@ -37,6 +38,7 @@ from .metrics import ReplicaMetrics
 log = logging.getLogger("ray.serve")
 
 WATCH_S = 5.0  # long-poll period on the cancel board
+RECENT = 4096  # finished request ids remembered with their finish reason
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled", "error": "error"}
 
 
@@ -71,6 +73,7 @@ class LookaheadModel:
                                                       max_tokens_per_step=b.max_tokens_per_step,
                                                       prefill_chunk=b.prefill_chunk)).start()
         self.metrics = ReplicaMetrics(cfg.name)
+        self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         log.info("model %s ready (%s, pid %d)", cfg.name, lm.path, os.getpid())
 
     # ---- Ray Serve hooks ---------------------------------------------------
@@ -91,6 +94,15 @@ class LookaheadModel:
     # ---- requests ----------------------------------------------------------
     async def queue_length(self) -> int:
         return self.engine.active_requests
+
+    async def finish_reason(self, request_id: str) -> str | None:
+        """How a recent request ended ("stop", "length", "cancelled", "error"), if this replica ran it."""
+        return self.recent.get(request_id)
+
+    def _remember(self, request_id: str, reason: str) -> None:
+        self.recent[request_id] = reason
+        while len(self.recent) > RECENT:
+            self.recent.popitem(last=False)
 
     async def generate_group(self, jobs: list[Job], board=None) -> AsyncIterator[list[Event]]:
         """Run a group of jobs in the engine; yields lists of events (each tagged with its job's index)."""
@@ -174,6 +186,7 @@ class LookaheadModel:
         except Exception as e:  # the engine failed this request
             log.exception("request %s failed in the engine", job.request_id)
             self.metrics.finished("error")
+            self._remember(job.request_id, "error")
             events.put_nowait(Event(index, error=JobError(500, f"generation failed: {type(e).__name__}",
                                                           type="server_error")))
             return
@@ -181,6 +194,7 @@ class LookaheadModel:
         st = gen.stats
         reason = "stop" if detok.stopped else FINISH.get(gen.finish_reason, gen.finish_reason)
         tail = detok.finish()
+        self._remember(job.request_id, reason)
         self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
                               st.mean_accepted, first)
         events.put_nowait(Event(index, text=tail, finish_reason=reason,
