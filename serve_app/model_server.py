@@ -161,7 +161,9 @@ class LookaheadModel:
         if job.messages is not None:
             turns = [{"role": "system" if r == "developer" else r, "content": t} for r, t in job.messages]
             try:
-                out = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+                # Control-token strings typed into a message stay text: a client cannot forge turns.
+                out = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
+                                                         sanitize_control_tokens=True)
             except Exception as e:  # e.g. a template that rejects a role order
                 raise Rejected(JobError(400, f"the chat template rejected the messages: {e}", "messages")) from e
             return list(out["input_ids"] if hasattr(out, "keys") else out)

@@ -1,0 +1,94 @@
+"""Autoscaling on the engine queue: the policy's arithmetic, and a burst on real Ray Serve.
+
+The burst runs on a tiny random Llama (the model is beside the point here)
+with SmolLM2's tokenizer: one replica, up to two; a burst of long requests
+scales it up, and when the burst is over it scales back down.
+"""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from serve_app.autoscaling import ENGINE_QUEUE, engine_queue_policy
+from tests.serve_app.conftest import deploy
+
+
+def ctx(queues, queued=0.0, calls=0.0, target=4.0, lo=1, hi=5):
+    return SimpleNamespace(aggregated_metrics={ENGINE_QUEUE: dict(enumerate(queues))} if queues is not None else {},
+                           total_queued_requests=queued, total_num_requests=calls,
+                           config=SimpleNamespace(target_ongoing_requests=target),
+                           capacity_adjusted_min_replicas=lo, capacity_adjusted_max_replicas=hi, policy_state={})
+
+
+@pytest.mark.parametrize("queues,queued,calls,want", [
+    ([0, 0], 0, 0, 1),  # idle: down to min
+    ([8, 8], 0, 2, 4),  # 16 engine requests / 4 per replica, though Serve sees only 2 group calls
+    ([3], 2, 1, 2),  # requests waiting at the handles count too
+    ([40, 40], 0, 0, 5),  # capped at max
+    (None, 0, 6, 2),  # no replica reported yet: fall back to Serve's call count
+])
+def test_policy_sizes_on_engine_queue(queues, queued, calls, want):
+    assert engine_queue_policy(ctx(queues, queued, calls))[0] == want
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, smollm2):
+    import transformers as tf
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=len(smollm2.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         eos_token_id=smollm2.eos_token_ids[0])
+    tf.LlamaForCausalLM(cfg).save_pretrained(path)
+    smollm2.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def replicas(app: str, deployment: str) -> int:
+    from ray import serve
+
+    status = serve.status().applications[app].deployments[deployment]
+    return status.replica_states.get("RUNNING", 0)
+
+
+def wait_for(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def test_burst_scales_up_then_down(serve_url, tiny_model_dir):
+    from ray import serve
+
+    app = "auto"
+    model = {
+        "name": "tiny", "model": tiny_model_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
+        "lookahead": {"adaptive": False},
+        "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
+        "limits": {"max_new_tokens": 2000, "max_engine_queue": 64},
+        "deployment": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1,
+                                              "target_ongoing_requests": 2, "upscale_delay_s": 0.5,
+                                              "downscale_delay_s": 2, "look_back_period_s": 1},
+                       "ray_actor_options": {"num_cpus": 0.5}, "graceful_shutdown_timeout_s": 5},
+    }
+    base = serve_url + deploy(app, {"models": [model]})
+    try:
+        assert replicas(app, "Model-tiny") == 1
+        body = {"model": "tiny", "prompt": "Count with me: one two three", "max_tokens": 1500, "temperature": 0}
+        with ThreadPoolExecutor(12) as pool:
+            futures = [pool.submit(requests.post, f"{base}/v1/completions", json=body, timeout=300)
+                       for _ in range(12)]
+            assert wait_for(lambda: replicas(app, "Model-tiny") == 2, 90), "did not scale up under the burst"
+            codes = [f.result().status_code for f in futures]
+        assert codes == [200] * 12
+        assert wait_for(lambda: replicas(app, "Model-tiny") == 1, 90), "did not scale down after the burst"
+    finally:
+        serve.delete(app)
