@@ -1,0 +1,56 @@
+"""The app config fails at load, naming the field; every shipped config validates."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from serve_app.builder import build_app, deployment_options
+from serve_app.config import AppConfig
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def model(**kw):
+    return {"name": "m", "model": "smollm2-135m-instruct", **kw}
+
+
+@pytest.mark.parametrize("args,field", [
+    ({"models": []}, "models"),
+    ({"models": [model(lookahead={"branch_length": 0})]}, "models.0.lookahead.branch_length"),
+    ({"models": [model(lookahead={"decoding_mode": "tree"})]}, "models.0.lookahead.decoding_mode"),
+    ({"models": [model(lookahead={"decodng_length": 3})]}, "models.0.lookahead.decodng_length"),
+    ({"models": [model(batching={"max_batch_size": 32, "max_tokens_per_step": 16})]}, "models.0.batching"),
+    ({"models": [model(dtype="int3")]}, "models.0.dtype"),
+    ({"models": [model(name="bad name!")]}, "models.0.name"),
+    ({"models": [model(limits={"default_max_tokens": 2000, "max_new_tokens": 100})]}, "models.0.limits"),
+    ({"models": [model(deployment={"num_replicas": 2, "autoscaling_config": {"max_replicas": 3}})]},
+     "models.0.deployment"),
+    ({"models": [model(), model()]}, "models"),
+])
+def test_invalid_config_names_the_field(args, field):
+    with pytest.raises(ValidationError) as info:
+        AppConfig.model_validate(args)
+    locs = [".".join(str(p) for p in e["loc"]) for e in info.value.errors()]
+    assert any(loc == field or (loc == "" and field == "models") for loc in locs), locs
+
+
+def test_lookahead_bounds_default_to_the_settings():
+    la = AppConfig.model_validate({"models": [model(lookahead={"decoding_length": 32})]}).models[0].lookahead
+    assert la.decoding_length_bound == 32 and la.branch_length_bound == 12
+    with pytest.raises(ValidationError, match="max_decoding_length"):
+        AppConfig.model_validate({"models": [model(lookahead={"decoding_length": 32, "max_decoding_length": 16})]})
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_validate_and_build(path):
+    cfg = yaml.safe_load(path.read_text())
+    for app in cfg["applications"]:
+        assert app["import_path"] == "serve_app.builder:build_app"
+        args = AppConfig.model_validate(app["args"])
+        build_app(args)  # builds the deployment graph without starting anything
+        for m in args.models:
+            opts = deployment_options(m)
+            if m.deployment.autoscaling_config is not None:
+                assert opts["autoscaling_config"]["policy"]["policy_function"] == "serve_app.autoscaling:engine_queue_policy"
