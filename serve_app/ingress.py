@@ -70,7 +70,8 @@ class Ingress:
         app.state.max_body_bytes = config.ingress.max_body_bytes
         self.board = CancelBoard.remote()
         cfgs = {m.name: m for m in config.models}
-        self.routes = {name: ModelRoute(cfgs[name], handle, self.board) for name, handle in handles.items()}
+        cap = config.ingress.max_ongoing_requests
+        self.routes = {name: ModelRoute(cfgs[name], handle, self.board, cap) for name, handle in handles.items()}
 
     def reconfigure(self, user_config: dict) -> None:
         for name, settings in (user_config or {}).get("batching", {}).items():

@@ -24,8 +24,6 @@ from .jobs import Event, Job, JobError
 
 log = logging.getLogger("ray.serve")
 
-MAX_CONCURRENT_GROUPS = 1024
-
 
 def _call_error(e: BaseException) -> JobError:
     if isinstance(e, BackPressureError):
@@ -35,13 +33,13 @@ def _call_error(e: BaseException) -> JobError:
 
 
 class ModelRoute:
-    def __init__(self, cfg: ModelConfig, handle, board) -> None:
+    def __init__(self, cfg: ModelConfig, handle, board, max_requests: int = 1000) -> None:
         self.cfg = cfg
         self.handle = handle.options(stream=True)
         self.board = board
         b = cfg.batching
         self.batcher = serve.batch(max_batch_size=b.max_batch_size, batch_wait_timeout_s=b.batch_wait_timeout_s,
-                                   max_concurrent_batches=MAX_CONCURRENT_GROUPS)(self._run_group)
+                                   max_concurrent_batches=max(1, max_requests // b.max_batch_size))(self._run_group)
 
     def set_batching(self, max_batch_size: int | None = None, batch_wait_timeout_s: float | None = None) -> None:
         if max_batch_size is not None:
