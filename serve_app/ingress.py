@@ -14,20 +14,19 @@ only. `reconfigure` takes `{"batching": {model: {max_batch_size,
 batch_wait_timeout_s}}}` through the deployment's `user_config`.
 """
 
-import asyncio
 import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from ray import serve
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from .admission import to_job
 from .cancel_board import CancelBoard
 from .config import AppConfig
 from .jobs import JobError, Rejected
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .responses import Completion, error_response, sse
+from .responses import ClosingStreamingResponse, Completion, error_response, sse
 from .route import JobStream, ModelRoute
 
 log = logging.getLogger("ray.serve")
@@ -115,7 +114,8 @@ class Ingress:
                 return error_response(first.error, headers)
             if body.stream:
                 usage = bool(body.stream_options and body.stream_options.include_usage)
-                return StreamingResponse(self._sse(stream, events, out, usage), media_type="text/event-stream")
+                return ClosingStreamingResponse(self._sse(stream, events, out, usage), stream.cancel,
+                                                media_type="text/event-stream")
             async for e in events:
                 if e.error is not None:
                     return error_response(e.error)
@@ -142,7 +142,5 @@ class Ingress:
             if include_usage:
                 yield sse(out.usage_chunk())
             yield sse("[DONE]")
-        except asyncio.CancelledError:
-            raise
         finally:
             stream.cancel()

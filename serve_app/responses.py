@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from .jobs import JobError, Usage
 
@@ -68,3 +68,22 @@ def sse(payload: dict | str) -> str:
 
 def error_response(err: JobError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that calls `on_close` however it ends: done, failed, or the client gone.
+
+    The body generator's own `finally` is not enough: when the disconnect
+    lands while the response is writing rather than waiting on the generator,
+    the generator is left suspended until garbage collection.
+    """
+
+    def __init__(self, content, on_close, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
