@@ -14,9 +14,11 @@ unfinished request of the group with an error event; none is left hanging.
 """
 
 import asyncio
+import contextvars
 import logging
 
 from ray import serve
+from ray.serve import context as serve_context
 from ray.serve.exceptions import BackPressureError
 
 from .config import ModelConfig
@@ -26,10 +28,29 @@ log = logging.getLogger("ray.serve")
 
 
 def _call_error(e: BaseException) -> JobError:
+    """The answer for the group's unfinished requests when its call fails."""
     if isinstance(e, BackPressureError):
         return JobError(503, "the model's queue is full; retry later", type="overloaded")
     log.warning("group call failed: %s: %s", type(e).__name__, e)
     return JobError(503, f"the model replica failed ({type(e).__name__}); retry", type="server_error")
+
+
+def _detached(call, *args):
+    """Make a handle call that belongs to no one HTTP request.
+
+    Ray Serve links a call made while serving a request to that request, and
+    cancels it when that client disconnects. A group's call is made from the
+    batch task, in the context of one of its requests; linked, one client's
+    disconnect would cancel the whole group. So the call is made in a context
+    with a fresh (empty) Serve request context; requests leave a group only
+    through the cancel board.
+    """
+    ctx = contextvars.copy_context()
+    fresh = getattr(serve_context, "_RequestContext", None)
+    var = getattr(serve_context, "_serve_request_context", None)
+    if fresh is not None and var is not None:
+        ctx.run(var.set, fresh())
+    return ctx.run(call, *args)
 
 
 class ModelRoute:
@@ -56,15 +77,18 @@ class ModelRoute:
         done = [False] * n
         error: JobError | None = None
         try:
-            async for events in self.handle.generate_group.remote(jobs, self.board):
+            async for events in _detached(self.handle.generate_group.remote, jobs, self.board):
                 out: list[list[Event]] = [[] for _ in range(n)]
                 for e in events:
                     out[e.index].append(e)
                 yield [StopIteration if done[i] else out[i] for i in range(n)]
                 for e in events:
                     done[e.index] = done[e.index] or e.final
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task itself is being cancelled (shutdown)
+            error = _call_error(e)  # the call was cancelled from elsewhere: its requests must still get an answer
         except Exception as e:  # noqa: BLE001 - every failure must reach the group's clients
             error = _call_error(e)
         if not all(done):

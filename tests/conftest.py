@@ -1,5 +1,6 @@
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,28 @@ def smollm2():
     from lookahead.models import load_model
 
     return load_model("smollm2-135m-instruct")
+
+
+# ---- one real Ray cluster and Serve instance for the whole session (serving and load tests) ----
+# Autoscaling metrics are pushed every 0.5 s here (Ray's default is 10 s) so a test burst is seen while it lasts.
+os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
+os.environ.setdefault("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_url():
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    port = _free_port()
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()

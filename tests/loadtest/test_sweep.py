@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.serve_app.conftest import deploy
+from tests.serving import deploy
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

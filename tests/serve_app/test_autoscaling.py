@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from serve_app.autoscaling import ENGINE_QUEUE, engine_queue_policy
-from tests.serve_app.conftest import deploy
+from tests.serving import deploy
 
 
 def ctx(queues, queued=0.0, calls=0.0, target=4.0, lo=1, hi=5):

@@ -1,36 +1,4 @@
-"""One real Ray cluster and Serve instance for the whole test session; apps are deployed per module.
-
-Autoscaling metrics are pushed every 0.5 s here (Ray's default is 10 s) so the
-autoscaling test sees a burst while it lasts.
-"""
-
-import os
-import socket
-
-import pytest
-
-os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
-os.environ.setdefault("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
-os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def serve_url():
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    port = _free_port()
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+"""Deploying the app on the session's Ray Serve (fixture `serve_url` in tests/conftest.py)."""
 
 
 def deploy(name: str, args: dict) -> str:
