@@ -215,6 +215,7 @@ class LookaheadModel:
                 log.warning("cancel board unreachable; cancelling %d requests", len(ids))
                 cancelled = ids
             for rid in cancelled:
+                log.info("cancelling %s: its client went away", rid)
                 pending.pop(rid).cancel()
 
 

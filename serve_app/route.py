@@ -18,7 +18,6 @@ import contextvars
 import logging
 
 from ray import serve
-from ray.serve import context as serve_context
 from ray.serve.exceptions import BackPressureError
 
 from .config import ModelConfig
@@ -38,19 +37,14 @@ def _call_error(e: BaseException) -> JobError:
 def _detached(call, *args):
     """Make a handle call that belongs to no one HTTP request.
 
-    Ray Serve links a call made while serving a request to that request, and
-    cancels it when that client disconnects. A group's call is made from the
-    batch task, in the context of one of its requests; linked, one client's
-    disconnect would cancel the whole group. So the call is made in a context
-    with a fresh (empty) Serve request context; requests leave a group only
-    through the cancel board.
+    Ray links a call made while serving a request to that request (Serve's
+    request context, and Ray's own per-coroutine task id, both contextvars)
+    and cancels it when that client disconnects. A group's call is made from
+    the batch task, in the context of one of its requests; linked, one
+    client's disconnect would cancel the whole group. So the call is made in
+    an empty context: requests leave a group only through the cancel board.
     """
-    ctx = contextvars.copy_context()
-    fresh = getattr(serve_context, "_RequestContext", None)
-    var = getattr(serve_context, "_serve_request_context", None)
-    if fresh is not None and var is not None:
-        ctx.run(var.set, fresh())
-    return ctx.run(call, *args)
+    return contextvars.Context().run(call, *args)
 
 
 class ModelRoute:
@@ -112,4 +106,6 @@ class JobStream:
         """The client went away: stop this request only (no-op once it has finished)."""
         if not self.finished:
             self.finished = True
-            self.route.board.cancel.remote([self.job.request_id])
+            log.info("client gone: cancelling %s", self.job.request_id)
+            # Detached too: posted from the request Ray is cancelling, a linked call could be cancelled with it.
+            _detached(self.route.board.cancel.remote, [self.job.request_id])
