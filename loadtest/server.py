@@ -16,14 +16,15 @@ def wait_ready(url: str, models: list[str], timeout_s: float) -> None:
     pending = list(models)
     while pending:
         try:
-            r = requests.post(f"{url}/v1/completions", timeout=60,
+            r = requests.post(f"{url}/v1/completions", timeout=120,
                               json={"model": pending[0], "prompt": "Hi", "max_tokens": 1, "temperature": 0})
             if r.status_code == 200:
                 pending.pop(0)
                 continue
-            if r.status_code == 404:
+            if r.status_code == 404 and r.headers.get("content-type", "").startswith("application/json") \
+                    and (r.json().get("error") or {}).get("param") == "model":  # ours, not the proxy's "no route yet"
                 raise RuntimeError(f"the server does not serve model {pending[0]!r}: {r.text[:200]}")
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # still starting (replicas load and measure)
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(f"server at {url} not ready for {pending} after {timeout_s:.0f} s")
