@@ -16,6 +16,7 @@ thread-safe, and handles deliver tokens to a thread or to an asyncio loop.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -103,6 +104,7 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._calls: deque[tuple] = deque()  # (fn, future) to run on the engine thread between steps
         self._thread: threading.Thread | None = None
         self._prefill_cache: KVCache | None = None
         self.steps = 0
@@ -128,6 +130,33 @@ class Engine:
             self._inbox.append(handle)
         self._wake.set()
         return handle
+
+    def call_between_steps(self, fn) -> concurrent.futures.Future:
+        """Run `fn()` on the engine thread between two steps (so it sees no half-done step); its result.
+
+        For work that reads engine state the thread mutates, such as saving the
+        output memory. Runs at once (here) when the engine thread is not running.
+        """
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+            return fut
+        with self._lock:
+            self._calls.append((fn, fut))
+        self._wake.set()
+        return fut
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            with self._lock:
+                fn, fut = self._calls.popleft()
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
 
     def start(self) -> "Engine":
         assert self._thread is None, "already started"
@@ -162,6 +191,7 @@ class Engine:
 
     def step(self) -> bool:
         """One engine step; False when there was nothing to do."""
+        self._run_calls()
         self._intake()
         self._drop_cancelled()
         if self.scheduler.idle():

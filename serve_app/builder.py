@@ -15,7 +15,7 @@ from ray.serve import Application
 
 from . import autoscaling
 from .config import AppConfig, ModelConfig
-from .ingress import Ingress
+from .ingress import RETRY_AFTER_S, Ingress
 from .model_server import LookaheadModel
 
 log = logging.getLogger("ray.serve")
@@ -53,9 +53,12 @@ def build_app(args: AppConfig) -> Application:
             log.warning("model %s: trust_remote_code is ON; its checkpoint's Python code will run", m.name)
     handles = {m.name: LookaheadModel.options(**deployment_options(m)).bind(m) for m in args.models}
     ing = args.ingress
-    return Ingress.options(
-        num_replicas=ing.num_replicas,
-        ray_actor_options={"num_cpus": ing.num_cpus},
-        max_ongoing_requests=ing.max_ongoing_requests,
-        max_queued_requests=ing.max_queued_requests,
-    ).bind(args, handles)
+    opts = {"num_replicas": ing.num_replicas, "ray_actor_options": {"num_cpus": ing.num_cpus},
+            "max_ongoing_requests": ing.max_ongoing_requests, "max_queued_requests": ing.max_queued_requests}
+    try:  # Ray >= 2.55: the proxy's own 503 (ingress queue full) carries Retry-After like ours
+        from ray.serve.config import BackpressureConfig
+
+        opts["backpressure_config"] = BackpressureConfig(status_code=503, retry_after_s=float(RETRY_AFTER_S))
+    except ImportError:
+        pass
+    return Ingress.options(**opts).bind(args, handles)

@@ -33,6 +33,10 @@ class LookaheadSettings(Strict):
     stop_words: list[str] = []  # strings; every token of each never starts a draft branch
     adaptive: bool = True  # size drafts from the forward-cost curve measured at start-up
     memory_max_nodes: int = Field(1_000_000, ge=16)  # bound on the shared output trie
+    # Persist the shared output memory here (data-only format, checksummed; see lookahead/trie_store.py):
+    # loaded at start (a corrupt or foreign file is logged and ignored), saved every interval and at shutdown.
+    memory_path: str | None = None
+    memory_save_interval_s: float = Field(300, gt=0)
     # Bounds on what one request may ask for in its `lookahead` object (default: the values above).
     max_decoding_length: int | None = Field(None, ge=0, le=1024)
     max_branch_length: int | None = Field(None, ge=1, le=256)
@@ -135,6 +139,10 @@ class IngressOptions(Strict):
     max_ongoing_requests: int = Field(1000, ge=1)  # HTTP requests per ingress replica
     max_queued_requests: int = Field(2000, ge=-1)  # beyond this the proxy answers 503
     max_body_bytes: int = Field(1_048_576, ge=1024)  # bigger request bodies answer 413
+    # API keys (Authorization: Bearer): from this environment variable (comma-separated) and/or this file
+    # (one per line). None configured = open API. Never put keys in a config file.
+    api_keys_env: str | None = "LOOKAHEAD_API_KEYS"
+    api_keys_file: str | None = None
 
 
 class AppConfig(Strict):

@@ -8,7 +8,8 @@
 Errors are JSON bodies in OpenAI's shape, `{"error": {"message", "type",
 "param", "code"}}`: 400 for malformed JSON, wrong types, values out of range,
 unsupported parameters and over-long prompts (naming the field), 404 for an
-unknown model, 413 for an oversized body, 503 (with Retry-After) when the
+unknown model, 401 without a valid API key (when keys are configured; see
+guard.py), 413 for an oversized body, 503 (with Retry-After) when the
 model's queue is full. A client that disconnects cancels its own request
 only. `reconfigure` takes `{"batching": {model: {max_batch_size,
 batch_wait_timeout_s}}}` through the deployment's `user_config`.
@@ -18,12 +19,14 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 from starlette.responses import JSONResponse
 
 from .admission import to_job
 from .cancel_board import CancelBoard
 from .config import AppConfig
+from .guard import Guard, load_keys
 from .jobs import JobError, Rejected
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import ClosingStreamingResponse, Completion, error_response, sse
@@ -41,6 +44,18 @@ def _field(loc) -> str:
     return ".".join(parts) if parts else "body"
 
 
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (e.g. an undecodable body, a wrong method) in the same JSON shape as ours."""
+    param = "body" if exc.status_code == 400 else None
+    return error_response(JobError(exc.status_code, str(exc.detail), param), headers=getattr(exc, "headers", None))
+
+
+@app.exception_handler(RecursionError)
+async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+    return error_response(JobError(400, "JSON nested too deeply", "body"))
+
+
 @app.exception_handler(RequestValidationError)
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request", "type": ""}
@@ -50,13 +65,11 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
     return error_response(JobError(400, f"{param}: {first.get('msg')}", param))
 
 
-@app.middleware("http")
-async def _body_cap(request: Request, call_next):
-    cap = request.app.state.max_body_bytes if hasattr(request.app.state, "max_body_bytes") else None
-    length = request.headers.get("content-length")
-    if cap is not None and length is not None and length.isdigit() and int(length) > cap:
-        return error_response(JobError(413, f"request body over {cap} bytes", "body"))
-    return await call_next(request)
+def _guard_settings() -> tuple[int, tuple[bytes, ...]]:
+    return getattr(app.state, "max_body_bytes", 1_048_576), getattr(app.state, "api_keys", ())
+
+
+app.add_middleware(Guard, settings=_guard_settings)
 
 
 @serve.deployment
@@ -67,6 +80,9 @@ class Ingress:
             config = AppConfig.model_validate(config)
         self.config = config
         app.state.max_body_bytes = config.ingress.max_body_bytes
+        app.state.api_keys = load_keys(config.ingress.api_keys_env, config.ingress.api_keys_file)
+        if app.state.api_keys:
+            log.info("API keys required (%d configured)", len(app.state.api_keys))
         self.board = CancelBoard.remote()
         cfgs = {m.name: m for m in config.models}
         cap = config.ingress.max_ongoing_requests

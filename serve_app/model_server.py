@@ -13,6 +13,7 @@ board. The replica also reports its engine's queue for autoscaling
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from lookahead.runner import ModelRunner
 from lookahead.sampling import SamplingParams
 from lookahead.scheduler import SchedulerConfig
 from lookahead.sequence import StopCriteria
+from lookahead.trie_store import TrieFileError, load as load_memory, save as save_memory
 
 from .autoscaling import ENGINE_QUEUE
 from .config import ModelConfig
@@ -74,6 +76,11 @@ class LookaheadModel:
                                                       prefill_chunk=b.prefill_chunk)).start()
         self.metrics = ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
+        self.memory_tag = f"{cfg.model}|vocab={len(self.tokenizer)}"
+        self._stop_saving = threading.Event()
+        if la.memory_path:
+            self._load_memory(la.memory_path)
+            threading.Thread(target=self._save_periodically, name="memory-saver", daemon=True).start()
         log.info("model %s ready (%s, pid %d)", cfg.name, lm.path, os.getpid())
 
     # ---- Ray Serve hooks ---------------------------------------------------
@@ -89,7 +96,46 @@ class LookaheadModel:
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
+            self._stop_saving.set()
             engine.shutdown(timeout=5)
+            if self.cfg.lookahead.memory_path:
+                self.save_memory()
+
+    # ---- the output memory on disk ------------------------------------------
+    def _load_memory(self, path: str) -> None:
+        if not os.path.exists(path):
+            log.info("no saved output memory at %s; starting empty", path)
+            return
+        try:
+            n = load_memory(path, self.engine.decoder.memory, self.memory_tag, vocab_size=len(self.tokenizer))
+            log.info("output memory loaded from %s: %d nodes", path, n)
+        except (TrieFileError, OSError) as e:
+            self.engine.decoder.memory.clear()
+            log.error("output memory not loaded, starting empty: %s", e)
+
+    def save_memory(self) -> int:
+        """Write the output memory to `memory_path` (between engine steps); returns the nodes written."""
+        mem, path, tag = self.engine.decoder.memory, self.cfg.lookahead.memory_path, self.memory_tag
+        return self.engine.call_between_steps(lambda: save_memory(mem, path, tag)).result(timeout=120)
+
+    def _save_periodically(self) -> None:
+        while not self._stop_saving.wait(self.cfg.lookahead.memory_save_interval_s):
+            try:
+                self.save_memory()
+            except Exception:  # noqa: BLE001 - a failed save must not take the replica down
+                log.exception("saving the output memory failed")
+
+    async def rss_bytes(self) -> int:
+        """This replica's resident memory (for soak and burst checks)."""
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    async def memory_nodes(self) -> int:
+        return self.engine.decoder.memory.node_count
+
+    async def memory_info(self) -> dict:
+        return {"tag": self.memory_tag, "nodes": self.engine.decoder.memory.node_count,
+                "path": self.cfg.lookahead.memory_path}
 
     # ---- requests ----------------------------------------------------------
     async def queue_length(self) -> int:

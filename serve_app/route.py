@@ -26,6 +26,9 @@ from .jobs import Event, Job, JobError
 log = logging.getLogger("ray.serve")
 
 
+MAX_ATTEMPTS = 2  # calls per group: the first, and one more for requests a dead replica never started
+
+
 def _call_error(e: BaseException) -> JobError:
     """The answer for the group's unfinished requests when its call fails."""
     if isinstance(e, BackPressureError):
@@ -66,28 +69,53 @@ class ModelRoute:
         return JobStream(job, self)
 
     async def _run_group(self, jobs: list[Job]):
-        """serve.batch generator: each yield has one entry per job: its new events, or StopIteration once done."""
+        """serve.batch generator: each yield has one entry per job: its new events, or StopIteration once done.
+
+        If the call fails (its replica died, say), the jobs that have sent their
+        client nothing yet are sent again, to whichever replica Serve picks
+        (up to MAX_ATTEMPTS calls); the others end with an error event.
+        """
         n = len(jobs)
         done = [False] * n
-        error: JobError | None = None
-        try:
-            async for events in _detached(self.handle.generate_group.remote, jobs, self.board):
-                out: list[list[Event]] = [[] for _ in range(n)]
-                for e in events:
-                    out[e.index].append(e)
-                yield [StopIteration if done[i] else out[i] for i in range(n)]
-                for e in events:
-                    done[e.index] = done[e.index] or e.final
-        except asyncio.CancelledError as e:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # this task itself is being cancelled (shutdown)
-            error = _call_error(e)  # the call was cancelled from elsewhere: its requests must still get an answer
-        except Exception as e:  # noqa: BLE001 - every failure must reach the group's clients
-            error = _call_error(e)
-        if not all(done):
+        spoke = [False] * n  # text (or the end) went to the client: too late to run it elsewhere
+        pending = list(range(n))
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            error: JobError | None = None
+            retriable = False
+            try:
+                call = _detached(self.handle.generate_group.remote, [jobs[i] for i in pending], self.board)
+                async for events in call:
+                    out: list[list[Event]] = [[] for _ in range(n)]
+                    for e in events:
+                        e.index = pending[e.index]  # the call numbers its own jobs
+                        out[e.index].append(e)
+                    yield [StopIteration if done[i] else out[i] for i in range(n)]
+                    for e in events:
+                        done[e.index] = done[e.index] or e.final
+                        spoke[e.index] = spoke[e.index] or e.final or bool(e.text)
+            except asyncio.CancelledError as e:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this task itself is being cancelled (shutdown)
+                error, retriable = _call_error(e), True  # cancelled from elsewhere: its requests still need answers
+            except Exception as e:  # noqa: BLE001 - every failure must reach the group's clients
+                error, retriable = _call_error(e), not isinstance(e, BackPressureError)
+            left = [i for i in pending if not done[i]]
+            if not left:
+                return
             error = error or JobError(502, "the model replica ended the stream early", type="server_error")
-            yield [StopIteration if done[i] else [Event(i, error=error)] for i in range(n)]
+            again = [i for i in left if not spoke[i]] if retriable and attempt < MAX_ATTEMPTS else []
+            if again:
+                log.warning("group call failed (%s); sending %d unstarted requests again", error.message, len(again))
+            failed = set(left) - set(again)
+            if failed:
+                yield [StopIteration if done[i] else ([Event(i, error=error)] if i in failed else [])
+                       for i in range(n)]
+                for i in failed:
+                    done[i] = True
+            if not again:
+                return
+            pending = again
 
 
 class JobStream:

@@ -34,21 +34,6 @@ def test_policy_sizes_on_engine_queue(queues, queued, calls, want):
     assert engine_queue_policy(ctx(queues, queued, calls))[0] == want
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, smollm2):
-    import transformers as tf
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=len(smollm2.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         eos_token_id=smollm2.eos_token_ids[0])
-    tf.LlamaForCausalLM(cfg).save_pretrained(path)
-    smollm2.tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def replicas(app: str, deployment: str) -> int:
     from ray import serve
 
@@ -65,12 +50,12 @@ def wait_for(cond, timeout: float) -> bool:
     return False
 
 
-def test_burst_scales_up_then_down(serve_url, tiny_model_dir):
+def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):
     from ray import serve
 
     app = "auto"
     model = {
-        "name": "tiny", "model": tiny_model_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
+        "name": "tiny", "model": tiny_llama_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
         "lookahead": {"adaptive": False},
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
         "limits": {"max_new_tokens": 2000, "max_engine_queue": 64},
