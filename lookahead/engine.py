@@ -24,8 +24,6 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 
-import torch
-
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_width

@@ -1,4 +1,6 @@
-"""Deploying the app on the session's Ray Serve (fixture `serve_url` in tests/conftest.py)."""
+"""Deploying the app on the session's Ray Serve (fixture `serve_url` in tests/conftest.py), and waiting on it."""
+
+import time
 
 
 def deploy(name: str, args: dict) -> str:
@@ -26,3 +28,13 @@ def smollm2_model(name: str = "smollm2", **overrides) -> dict:
     for k, v in overrides.items():
         base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return base
+
+
+def wait_for(cond, timeout: float) -> bool:
+    """Poll `cond` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.25)
+    return False

@@ -22,16 +22,20 @@ def hf_greedy(model, prompt, n, **kw):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("mode", ["hier", "par", "one"])
 def test_greedy_identical_to_generate(family, mode):
-    model = tiny(family)
+    assert_single_stream_lossless(tiny(family), mode)
+
+
+def assert_single_stream_lossless(model, mode: str = "hier", prompts=PROMPTS) -> None:
+    """Greedy lookahead == generate on every prompt, twice (the second pass drafts from the first's memory)."""
     runner = ModelRunner(model)
     runner.check_tree_masks()
     # Flat cost: always verify the whole tree, so the draft path is exercised as hard as possible.
     cfg = LookaheadConfig(decoding_length=16, branch_length=6, decoding_mode=mode, adaptive=False)
     dec = LookaheadDecoder(runner, cfg, cost=CostModel.flat())
     accepted = 0
-    for prompt in PROMPTS:
+    for prompt in prompts:
         ref = hf_greedy(model, prompt, 40)
-        for _ in range(2):  # the second pass drafts from the memory of the first
+        for _ in range(2):
             g = dec.generate(prompt, stop=StopCriteria(max_new_tokens=40))
             assert g.tokens == ref
             accepted += g.stats.accepted_drafts

@@ -5,7 +5,6 @@ with SmolLM2's tokenizer: one replica, up to two; a burst of long requests
 scales it up, and when the burst is over it scales back down.
 """
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -13,7 +12,7 @@ import pytest
 import requests
 
 from serve_app.autoscaling import ENGINE_QUEUE, engine_queue_policy
-from tests.serving import deploy
+from tests.serving import deploy, wait_for
 
 
 def ctx(queues, queued=0.0, calls=0.0, target=4.0, lo=1, hi=5):
@@ -39,15 +38,6 @@ def replicas(app: str, deployment: str) -> int:
 
     status = serve.status().applications[app].deployments[deployment]
     return status.replica_states.get("RUNNING", 0)
-
-
-def wait_for(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.25)
-    return False
 
 
 def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):

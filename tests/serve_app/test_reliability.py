@@ -18,7 +18,7 @@ import requests
 
 from lookahead.trie import TokenTrie
 from lookahead.trie_store import load as load_memory
-from tests.serving import deploy
+from tests.serving import deploy, wait_for
 
 APP = "rel"
 MODEL = "tiny"
@@ -54,15 +54,6 @@ def running_replicas() -> int:
     from ray import serve
 
     return serve.status().applications[APP].deployments[f"Model-{MODEL}"].replica_states.get("RUNNING", 0)
-
-
-def wait_for(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.25)
-    return False
 
 
 def outcome(base: str, body: dict) -> str:
@@ -199,8 +190,6 @@ def test_the_memory_is_saved_in_the_checked_format(rel):
 
 def test_scale_down_lets_in_flight_generations_finish(rel):
     """Redeploy with one replica fewer while long generations run: every one completes in full."""
-    from ray import serve  # noqa: F401
-
     bodies = [{"model": MODEL, "prompt": f"long {i}", "max_tokens": 1500, "temperature": 0, "stream": True}
               for i in range(6)]
     with ThreadPoolExecutor(len(bodies)) as pool:

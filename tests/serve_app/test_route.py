@@ -6,7 +6,6 @@ the model): each call yields scripted event lists, then fails or ends.
 
 import asyncio
 
-import pytest
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
