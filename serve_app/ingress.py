@@ -65,6 +65,10 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
     return error_response(JobError(400, f"{param}: {first.get('msg')}", param))
 
 
+def _retry_after(err: JobError) -> dict | None:
+    return {"Retry-After": RETRY_AFTER_S} if err.status == 503 else None
+
+
 def _guard_settings() -> tuple[int, tuple[bytes, ...]]:
     return getattr(app.state, "max_body_bytes", 1_048_576), getattr(app.state, "api_keys", ())
 
@@ -126,18 +130,19 @@ class Ingress:
             first = await events.__anext__()  # "started" or the reason it could not start
             if first.error is not None:
                 stream.finished = True
-                headers = {"Retry-After": RETRY_AFTER_S} if first.error.status == 503 else None
-                return error_response(first.error, headers)
+                return error_response(first.error, _retry_after(first.error))
             if body.stream:
                 usage = bool(body.stream_options and body.stream_options.include_usage)
                 return ClosingStreamingResponse(self._sse(stream, events, out, usage), stream.cancel,
                                                 media_type="text/event-stream")
+            pieces = []
             async for e in events:
                 if e.error is not None:
-                    return error_response(e.error)
-                out.text += e.text
+                    return error_response(e.error, _retry_after(e.error))
+                pieces.append(e.text)
                 if e.final:
                     out.finish_reason, out.usage, out.lookahead = e.finish_reason, e.usage, e.lookahead
+            out.text = "".join(pieces)
             return JSONResponse(out.body())
         finally:
             if not body.stream:
