@@ -151,13 +151,17 @@ def load_model(
 
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:
-    """Token ids of a user prompt, through the model's chat template when `chat`.
-
-    In chat, control-token strings inside the text (`<|im_end|>`, `<|user|>`...) are encoded as plain text,
-    so a prompt cannot forge turns."""
+    """Token ids of a user prompt, through the model's chat template when `chat`."""
     if chat:
-        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, sanitize_control_tokens=True)
-        ids = out["input_ids"] if hasattr(out, "keys") else out  # transformers 5 returns a BatchEncoding
-        return list(ids)
+        return encode_chat(tokenizer, [{"role": "user", "content": text}])
     return tokenizer(text)["input_ids"]
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation through the model's chat template, ready for the assistant's turn.
+
+    Control-token strings inside the messages (`<|im_end|>`, `<|user|>`...) are encoded as plain text,
+    so a prompt cannot forge turns."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        sanitize_control_tokens=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)  # transformers 5 returns a BatchEncoding

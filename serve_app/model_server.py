@@ -24,7 +24,7 @@ from ray import serve
 from lookahead.config import LookaheadConfig
 from lookahead.engine import Engine, RequestHandle
 from lookahead.generate import LookaheadDecoder
-from lookahead.models import load_model
+from lookahead.models import encode_chat, load_model
 from lookahead.runner import ModelRunner
 from lookahead.sampling import SamplingParams
 from lookahead.scheduler import SchedulerConfig
@@ -207,12 +207,9 @@ class LookaheadModel:
         if job.messages is not None:
             turns = [{"role": "system" if r == "developer" else r, "content": t} for r, t in job.messages]
             try:
-                # Control-token strings typed into a message stay text: a client cannot forge turns.
-                out = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
-                                                         sanitize_control_tokens=True)
+                return encode_chat(self.tokenizer, turns)
             except Exception as e:  # e.g. a template that rejects a role order
                 raise Rejected(JobError(400, f"the chat template rejected the messages: {e}", "messages")) from e
-            return list(out["input_ids"] if hasattr(out, "keys") else out)
         if isinstance(job.prompt, list):
             vocab = len(self.tokenizer)
             if any(not 0 <= t < vocab for t in job.prompt):
