@@ -5,8 +5,9 @@
     for tokens in handle: ...            # or: async for tokens in handle.stream()
 
 A step is schedule -> run -> postprocess: drop cancelled requests; prefill
-one chunk of the request being prefilled (and admit it to the running batch
-when done); then, for all running requests, draft, pick one tree width for
+one chunk of the request being prefilled, after copying in whatever prefix of
+its prompt an earlier prompt left in the prefix cache (and admit it to the
+running batch when done); then, for all running requests, draft, pick one tree width for
 the batch from the cost model, verify every row's tree in a single forward,
 accept per row, commit the KV rows and stream the emitted tokens. Finished
 requests leave at once and their KV row is freed.
@@ -27,6 +28,7 @@ from collections.abc import Sequence as Seq
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_width
+from .prefix_cache import PrefixCache
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
 
@@ -105,6 +107,7 @@ class Engine:
         self._calls: deque[tuple] = deque()  # (fn, future) to run on the engine thread between steps
         self._thread: threading.Thread | None = None
         self._prefill_cache: KVCache | None = None
+        self.prefixes = PrefixCache(config.prefix_cache_mb * 2**20)
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
         self._forward_ms: dict[tuple[int, int], tuple[float, int]] = {}  # (rows, width) -> (EMA ms, samples)
@@ -264,11 +267,18 @@ class Engine:
             p, start, end = chunk
             if start == 0:
                 self._prefill_cache = self.runner.new_cache(p.total + self.headroom)
+                reused = self.prefixes.load_into(self._prefill_cache, p.seq.ctx[: p.total])
+                if reused:
+                    p.seq.stats.cached_prompt_tokens = reused
+                    start, end = reused, min(p.total, reused + self.config.prefill_chunk)
             if end > start:
                 t0 = time.perf_counter()
                 self.runner.prefill(self._prefill_cache, p.seq.ctx[start:end])
                 p.seq.stats.prefill_ms += (time.perf_counter() - t0) * 1e3
+            just_done = not p.finished and end >= p.total
             p.done = end
+            if just_done:
+                self.prefixes.store(self._prefill_cache, p.seq.ctx[: p.total])
         if s.can_admit():
             s.admit()
             self.cache.admit(self._prefill_cache, self.headroom)

@@ -20,11 +20,14 @@ class SchedulerConfig:
     max_batch_size: int = 16  # running requests in one forward
     max_tokens_per_step: int = 256  # tokens in one decode forward: rows x tree width
     prefill_chunk: int = 512  # prompt tokens prefilled per step
+    prefix_cache_mb: int = 256  # KV of recent prompts kept for reuse by prompts that start alike (0 = off)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_tokens_per_step", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"invalid engine setting {name}={getattr(self, name)!r}: must be >= 1")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"invalid engine setting prefix_cache_mb={self.prefix_cache_mb!r}: must be >= 0")
         if self.max_tokens_per_step < self.max_batch_size:
             raise ValueError(
                 f"max_tokens_per_step={self.max_tokens_per_step} must be >= max_batch_size={self.max_batch_size}"

@@ -6,6 +6,14 @@ tree, picks the model's tokens from the verified logits, emits up to the first
 stop condition and learns from what it emitted. It never touches the model:
 whoever runs the forward (one request, or a batch of them) hands it its rows
 of logits.
+
+A step whose drafts were all cut (the budget policy chose a plain step) still
+teaches: the full proposal is kept as a shadow, and once the tokens it would
+have covered are out, the acceptance walk is replayed against them. The
+calibration therefore keeps learning while drafting is off, and a request or
+a load level that went plain because drafts looked weak can come back when
+they turn good. Without it, a plain step never updates the estimates that
+made it plain, and drafting stays off for good.
 """
 
 import time
@@ -20,6 +28,8 @@ from .sampling import RowChooser, SamplingParams
 from .stats import RequestStats
 from .trie import TokenTrie
 from .verify import Acceptance, accept
+
+SHADOW_DRAFTS = 8  # rows of a cut proposal replayed as a shadow: about the widest tree a step picks on a CPU
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,8 @@ class Sequence:
                 self.generator.seed()
         self._stop_window = max((len(s) for s in self.stop.stop_strings), default=0) + 1
         self.own_calibration = Calibration(predicted=1.0, accepted=1.0)  # this request's recent acceptance
+        self._proposal: DraftTree | None = None  # the last full proposal, before the budget cut it
+        self._shadows: list[tuple[int, DraftTree]] = []  # (len(ctx) when proposed, cut proposal) awaiting tokens
         self.started_at = time.perf_counter()
 
     @property
@@ -92,7 +104,8 @@ class Sequence:
             return root_only(self.ctx[-1])
         sources = [(self.local, la.prompt_weight), (memory, 1.0)]
         m, matched = match(sources, self.ctx, la.max_query_length, la.min_query_length)
-        return build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
+        self._proposal = build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
+        return self._proposal
 
     def draft_factor(self, calibration: CalibrationTable, match_length: int) -> float:
         """How far to trust this row's trie estimates: the shared rate for its match length, nudged by the
@@ -127,8 +140,11 @@ class Sequence:
         if self.drafting:
             self.local.extend(self.ctx, old, len(self.ctx))
             if tree.num_drafts:
-                calibration.update(tree.match_length, sum(tree.probs[1:]), len(acc.rows))
-                self.own_calibration.update(sum(tree.probs[1:]) * calibration.factor(tree.match_length), len(acc.rows))
+                self._learn(tree, len(acc.rows), calibration)
+            elif self._proposal is not None and self._proposal.num_drafts:
+                self._shadows.append((old, self._proposal.truncated(min(SHADOW_DRAFTS, self._proposal.num_drafts))))
+            self._proposal = None
+            self._replay_shadows(calibration)
         st = self.stats
         st.steps += 1
         st.draft_tokens += tree.num_drafts
@@ -137,6 +153,22 @@ class Sequence:
         if st.steps == 1:
             st.first_token_s = time.perf_counter() - self.started_at
         return emitted
+
+    def _learn(self, tree: DraftTree, accepted: int, calibration: CalibrationTable) -> None:
+        predicted = sum(tree.probs[1:])
+        calibration.update(tree.match_length, predicted, accepted)
+        self.own_calibration.update(predicted * calibration.factor(tree.match_length), accepted)
+
+    def _replay_shadows(self, calibration: CalibrationTable) -> None:
+        """Learn from each shadow whose tokens are all out (or whose request ended): what it would have accepted."""
+        while self._shadows:
+            start, tree = self._shadows[0]
+            actual = self.ctx[start:]  # the model's tokens after the shadow's root
+            if len(actual) <= max(tree.depths) and not self.finished:
+                return
+            self._shadows.pop(0)
+            walk = accept(tree, lambda row, path: actual[len(path)] if len(path) < len(actual) else None)
+            self._learn(tree, len(walk.rows), calibration)
 
     def close(self, memory: TokenTrie, reason: str = "cancelled") -> None:
         """End the request (if not ended) and hand its output to the shared memory."""

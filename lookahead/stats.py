@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache, not a prefill
     new_tokens: int = 0
     steps: int = 0  # verification forwards after prefill
     draft_tokens: int = 0  # draft rows verified, summed over steps
