@@ -144,7 +144,8 @@ def run(args) -> dict:
 def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCriteria) -> dict:
     levels = [int(x) for x in args.concurrency.split(",")]
     sched = SchedulerConfig(max_batch_size=max(args.max_batch_size, max(levels)),
-                            max_tokens_per_step=max(args.max_tokens_per_step, max(levels)))
+                            max_tokens_per_step=max(args.max_tokens_per_step, max(levels)),
+                            prefix_cache_mb=args.prefix_cache_mb)
     refs = []
     for i, (pid, ids) in enumerate(prompts):
         refs.append(hf_generate(lm.model, ids, args.max_new_tokens, lm.eos_token_ids))
@@ -152,7 +153,8 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
     baseline_tok_s = sum(len(r.tokens) for r in refs) / sum(r.total_s for r in refs)
     print(f"generate, one request at a time: {baseline_tok_s:.2f} tok/s", flush=True)
     ids_only = [ids for _, ids in prompts]
-    level_rows = run_levels(decoder, ids_only, [r.tokens for r in refs], levels, stop, sched, print_level)
+    level_rows = run_levels(decoder, ids_only, [r.tokens for r in refs], levels, stop, sched, print_level,
+                            repeats=args.repeats)
     first = level_rows[0]
     summary = {
         "prompts": len(prompts),
@@ -169,6 +171,7 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
         "max_new_tokens": args.max_new_tokens,
         "max_batch_size": sched.max_batch_size,
         "max_tokens_per_step": sched.max_tokens_per_step,
+        "prefix_cache_mb": sched.prefix_cache_mb,
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
     }
     rows = [{"id": pid, "prompt_tokens": len(ids), "baseline_ids": r.tokens, "baseline_s": r.total_s}
@@ -216,6 +219,10 @@ def parse_args(argv=None):
     p.add_argument("--concurrency", default=None, help="e.g. 1,2,4,8,16: serve N requests at once through the engine")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--max-tokens-per-step", type=int, default=256)
+    p.add_argument("--prefix-cache-mb", type=int, default=SchedulerConfig.prefix_cache_mb,
+                   help="engine prefix cache for prompts that start alike, both arms (0 = off)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --concurrency: rounds per level, arms alternating on/off then off/on; pooled")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     return p.parse_args(argv)
 

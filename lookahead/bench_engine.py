@@ -3,9 +3,11 @@
     python -m lookahead.bench --prompts ../shared/data/humaneval.jsonl --limit 16 --chat --concurrency 1,2,4,8,16
 
 At each level the engine serves the prompts with N always in flight (a
-finished request is replaced by the next prompt), once with lookahead on and
-once off, each from an empty trie. Every output is compared with plain
-`model.generate` of that prompt alone.
+finished request is replaced by the next prompt), with lookahead on and off,
+each run from an empty trie and a fresh engine (so an empty prefix cache).
+With `--repeats R` the arms alternate on/off, off/on, ... and each arm's runs
+are pooled. Every output is compared with plain `model.generate` of that
+prompt alone.
 """
 
 import statistics
@@ -34,6 +36,12 @@ class LevelRun:
     def tok_s(self) -> float:
         return self.tokens / self.wall_s
 
+    @classmethod
+    def merged(cls, runs: list["LevelRun"]) -> "LevelRun":
+        """Repeats of one arm as one run: tokens over summed wall time, every request's latency."""
+        return cls(sum(r.wall_s for r in runs), [g for r in runs for g in r.outputs],
+                   [t for r in runs for t in r.latencies_s])
+
     def as_json(self) -> dict:
         lat = sorted(self.latencies_s)
         steps = sum(g.stats.steps for g in self.outputs)
@@ -43,6 +51,8 @@ class LevelRun:
             "p50_latency_s": lat[len(lat) // 2],
             "p95_latency_s": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
             "mean_accepted": self.tokens / steps if steps else 0.0,
+            "prompt_tokens": sum(g.stats.prompt_tokens for g in self.outputs),
+            "cached_prompt_tokens": sum(g.stats.cached_prompt_tokens for g in self.outputs),  # from the prefix cache
         }
 
 
@@ -70,20 +80,26 @@ def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: 
 
 
 def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],
-               levels: list[int], stop: StopCriteria, sched: SchedulerConfig, report) -> list[dict]:
-    on_cfg = decoder.config
-    off_cfg = LookaheadConfig(enabled=False)
+               levels: list[int], stop: StopCriteria, sched: SchedulerConfig, report, repeats: int = 1) -> list[dict]:
+    """Each level: the arms alternate on, off, off, on, ... over `repeats` rounds, so a drift in the
+    machine's speed lands on both arms alike; each arm's repeats are pooled."""
+    arms = {"on": decoder.config, "off": LookaheadConfig(enabled=False)}
     out = []
     for n in levels:
-        runs = {name: run_level(decoder, prompts, n, stop, cfg, sched) for name, cfg in (("on", on_cfg), ("off", off_cfg))}
-        on, off = runs["on"], runs["off"]
-        identical = all(g.tokens == ref for run in (on, off) for g, ref in zip(run.outputs, references))
+        runs: dict[str, list[LevelRun]] = {"on": [], "off": []}
+        for r in range(repeats):
+            for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                runs[name].append(run_level(decoder, prompts, n, stop, arms[name], sched))
+        identical = all(g.tokens == ref for name in runs for run in runs[name]
+                        for g, ref in zip(run.outputs, references))
+        on, off = LevelRun.merged(runs["on"]), LevelRun.merged(runs["off"])
         level = {
             "concurrency": n,
             "on_tok_s": on.tok_s,
             "off_tok_s": off.tok_s,
             "ratio": on.tok_s / off.tok_s,
             "identical": identical,
+            "repeats": repeats,
             "on": on.as_json(),
             "off": off.as_json(),
         }

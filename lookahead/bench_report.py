@@ -8,11 +8,18 @@ import sys
 from pathlib import Path
 
 
+def _reused(arm: dict) -> str:
+    """Share of prompt tokens whose KV came from the engine's prefix cache (older JSON: not recorded)."""
+    if not arm.get("prompt_tokens"):
+        return "-"
+    return f"{100 * arm['cached_prompt_tokens'] / arm['prompt_tokens']:.0f}%"
+
+
 def levels_table(paths: list[Path]) -> str:
     lines = [
         "| prompt set | concurrency | lookahead on tok/s | off tok/s | on/off | per-request tok/s on / off "
-        "| p50 latency on / off | p95 latency on / off | tokens/step | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 latency on / off | p95 latency on / off | tokens/step | prompt KV reused on / off | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     machine = ""
     for p in paths:
@@ -24,7 +31,7 @@ def levels_table(paths: list[Path]) -> str:
                 f"| {Path(s['prompts_file']).stem} | {l['concurrency']} | {l['on_tok_s']:.1f} | {l['off_tok_s']:.1f} "
                 f"| {l['ratio']:.2f}x | {on['per_request_tok_s']:.1f} / {off['per_request_tok_s']:.1f} "
                 f"| {on['p50_latency_s']:.1f}s / {off['p50_latency_s']:.1f}s | {on['p95_latency_s']:.1f}s / {off['p95_latency_s']:.1f}s "
-                f"| {on['mean_accepted']:.2f} | {'yes' if l['identical'] else 'NO'} |"
+                f"| {on['mean_accepted']:.2f} | {_reused(on)} / {_reused(off)} | {'yes' if l['identical'] else 'NO'} |"
             )
     return "\n".join(lines) + f"\n\nMachine: {machine}.\n"
 

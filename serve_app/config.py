@@ -63,6 +63,7 @@ class BatchingSettings(Strict):
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10)  # how long the ingress waits to fill a group
     max_tokens_per_step: int = Field(256, ge=1)  # tokens in one decode forward: rows x tree width
     prefill_chunk: int = Field(512, ge=16)  # prompt tokens prefilled per engine step
+    prefix_cache_mb: int = Field(256, ge=0)  # KV of recent prompts reused by prompts that start alike (0 = off)
 
     @model_validator(mode="after")
     def _tokens_cover_rows(self):

@@ -73,7 +73,8 @@ class LookaheadModel:
         b = cfg.batching
         self.engine = Engine(decoder, SchedulerConfig(max_batch_size=b.max_batch_size,
                                                       max_tokens_per_step=b.max_tokens_per_step,
-                                                      prefill_chunk=b.prefill_chunk)).start()
+                                                      prefill_chunk=b.prefill_chunk,
+                                                      prefix_cache_mb=b.prefix_cache_mb)).start()
         self.metrics = ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.memory_tag = f"{cfg.model}|vocab={len(self.tokenizer)}"
@@ -243,7 +244,7 @@ class LookaheadModel:
         self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
                               st.mean_accepted, first)
         events.put_nowait(Event(index, text=tail, finish_reason=reason,
-                                usage=Usage(st.prompt_tokens, st.new_tokens), lookahead=lookahead_stats(st)))
+                                usage=Usage(st.prompt_tokens, st.new_tokens, st.cached_prompt_tokens), lookahead=lookahead_stats(st)))
 
     async def _watch(self, board, handles: dict[str, RequestHandle]) -> None:
         """Cancel this group's requests that their clients gave up on."""

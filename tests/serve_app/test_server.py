@@ -149,6 +149,23 @@ def test_unknown_fields_are_ignored(base):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
+def test_a_shared_document_is_prefilled_once_and_reported_as_cached(base, smollm2):
+    doc = "Context: " + " ".join(f"Line {i} of the report says the pump ran for {i * 3} hours." for i in range(20))
+    first, second = doc + "\nQuestion: How long did line 2 say?", doc + "\nQuestion: How long did line 7 say?"
+    bodies = [{"model": MODEL_ID, "messages": [{"role": "user", "content": q}], "max_tokens": 12, "temperature": 0}
+              for q in (first, second)]
+    usages, texts = [], []
+    for body in bodies:
+        r = post(base, "chat/completions", body)
+        assert r.status_code == 200, r.text
+        usages.append(r.json()["usage"])
+        texts.append(r.json()["choices"][0]["message"]["content"])
+    assert usages[0]["prompt_tokens"] > 200
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] >= 200  # the document, minus the question
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] < usages[1]["prompt_tokens"]
+    assert texts == [plain_text(smollm2, q, 12) for q in (first, second)]
+
+
 def _queue_empty_within(seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
