@@ -12,7 +12,19 @@ head (`[b, kv_heads, groups * q, d]`), and the row's mask is repeated per
 group. Same arithmetic, no KV copy. It is registered as an attention
 implementation that falls back to stock SDPA whenever it is not a runner's
 tree forward, so `model.generate` (the baseline) runs exactly the stock path.
+
+Ragged batch forwards. When the engine's rows send different numbers of tree
+tokens, the runner packs them into one sequence ([1, tokens]) so the linear
+layers, which dominate a forward, compute no padding. Attention is the one
+place where rows must stay apart: `RaggedQueries` says which row and tree
+slot each packed token is, the queries are scattered into the padded
+[rows, heads, width, dim] layout, attend to their own row's keys under the
+batch's 4D tree mask exactly as a padded forward would, and are gathered
+back. Padding costs attention only (small next to the linears at these
+widths), never the matmuls.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,14 +35,50 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 NAME = "lookahead_sdpa"
 
 
+@dataclass
+class RaggedQueries:
+    """Layout of a ragged forward's packed tokens."""
+
+    rows: int
+    width: int  # the widest row's tree; the padded layout attention works in
+    row_of: torch.Tensor  # [tokens] the row of each packed token
+    slot_of: torch.Tensor  # [tokens] its place in that row's tree
+
+
+@dataclass
+class AttentionSwitch:
+    """Set by the runner around its own forwards; stock SDPA runs whenever `on` is False."""
+
+    on: bool = False
+    ragged: RaggedQueries | None = None
+
+
+def _ragged_sdpa(module, query, key, value, attention_mask, scaling, layout: RaggedQueries):
+    """query [1, heads, tokens, dim] packed; key/value [rows, kv_heads, kv_len, dim]; mask [rows, 1, width, kv_len]."""
+    _, heads, _, d = query.shape
+    padded = query.new_zeros((layout.rows, layout.width, heads, d))
+    padded[layout.row_of, layout.slot_of] = query[0].transpose(0, 1)  # [tokens, heads, dim]
+    out, _ = _tree_sdpa(module, padded.transpose(1, 2), key, value, attention_mask, scaling=scaling)
+    return out[layout.row_of, layout.slot_of][None], None  # [rows, width, heads, dim] -> [1, tokens, heads, dim]
+
+
 def packed_tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    groups = getattr(module, "num_key_value_groups", 1)
     switch = getattr(module, "_lookahead_switch", None)
+    if switch is None or not switch.on:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    if switch.ragged is not None:
+        return _ragged_sdpa(module, query, key, value, attention_mask, scaling, switch.ragged)
+    return _tree_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                      is_causal=is_causal, **kwargs)
+
+
+def _tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """[b, heads, q, dim] queries under a 4D boolean mask, GQA-packed (no K/V copy); stock SDPA where that cannot apply."""
+    groups = getattr(module, "num_key_value_groups", 1)
     q_len = query.shape[2]
     if (
-        switch is None
-        or not switch.on
-        or groups == 1
+        groups == 1
         or q_len == 1
         or attention_mask is None
         or attention_mask.dtype != torch.bool

@@ -8,16 +8,41 @@ drafts + padding up to the batch's width Q) at `[lengths[b], lengths[b] + Q)`.
 Entries past a row's length are garbage that the attention mask never shows
 and the next forward overwrites: no holes, no per-slot valid mask needed.
 
+A forward may also be ragged (`begin_forward(width, counts)`): row b sends
+only its own `counts[b]` tree tokens, all rows' tokens packed into one
+sequence, so the linear layers never compute padding. Its keys and values
+are scattered to the same places; the slots between a row's last token and
+`width` keep whatever they held, which the mask hides as it hides padding.
+
 Memory bound: capacity only grows to what the longest row needs (doubling) and
 shrinks back when rows leave, so the cache holds at most
 `slots * 4 * (longest running row + width)` entries per layer; that bound is
 asserted after every release and tested.
 """
 
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .kv_cache import KVCache
+
+
+@dataclass
+class ForwardPlan:
+    """Where one forward's keys and values go, set by `begin_forward` before the model runs."""
+
+    batch: int  # leading dim of the forward's key states: the running rows, or 1 when ragged
+    tokens: int  # their token dim: the tree width, or all rows' packed tokens when ragged
+    rows: int  # running rows; attention reads keys[:rows, :, :kv_len]
+    kv_len: int
+    start: int | None = None  # padded, every row at the same length: one slice write at [start, start + width)
+    row_of: torch.Tensor | None = None  # otherwise [rows, width] (padded) or [tokens] (ragged): each entry's row
+    pos_of: torch.Tensor | None = None  # same shape: each entry's position in its row
+
+    @property
+    def ragged(self) -> bool:
+        return self.row_of is not None and self.row_of.dim() == 1
 
 
 class _BatchLayer(CacheLayerMixin):
@@ -45,17 +70,19 @@ class _BatchLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        plan = self.owner.plan
-        n, q = key_states.shape[0], key_states.shape[2]
-        assert plan is not None and plan[0] == n and plan[1] == q, "begin_forward() must describe this forward"
-        _, _, start, rows, pos, kv_len = plan
-        if start is not None:  # every row at the same length: one slice write
-            self.keys[:n, :, start : start + q] = key_states
-            self.values[:n, :, start : start + q] = value_states
+        p = self.owner.plan
+        assert p is not None and (p.batch, p.tokens) == (key_states.shape[0], key_states.shape[2]), \
+            "begin_forward() must describe this forward"
+        if p.ragged:  # [1, heads, tokens, dim]: token t belongs to row row_of[t]
+            self.keys[p.row_of, :, p.pos_of] = key_states[0].transpose(0, 1)  # [tokens, heads, dim]
+            self.values[p.row_of, :, p.pos_of] = value_states[0].transpose(0, 1)
+        elif p.start is not None:
+            self.keys[: p.rows, :, p.start : p.start + p.tokens] = key_states
+            self.values[: p.rows, :, p.start : p.start + p.tokens] = value_states
         else:
-            self.keys[rows, :, pos] = key_states.transpose(1, 2)  # [n, q, heads, dim] at (row, position)
-            self.values[rows, :, pos] = value_states.transpose(1, 2)
-        return self.keys[:n, :, :kv_len], self.values[:n, :, :kv_len]
+            self.keys[p.row_of, :, p.pos_of] = key_states.transpose(1, 2)  # [rows, width, heads, dim]
+            self.values[p.row_of, :, p.pos_of] = value_states.transpose(1, 2)
+        return self.keys[: p.rows, :, : p.kv_len], self.values[: p.rows, :, : p.kv_len]
 
     def get_seq_length(self) -> int:
         return max(self.owner.lengths, default=0)
@@ -72,7 +99,7 @@ class BatchKVCache(Cache):
         self.slots = slots
         self.capacity = capacity
         self.lengths: list[int] = []  # committed entries of running rows 0..n-1
-        self.plan = None
+        self.plan: ForwardPlan | None = None
         super().__init__(layers=[_BatchLayer(self) for _ in range(num_layers)])
 
     @property
@@ -89,20 +116,28 @@ class BatchKVCache(Cache):
                 layer.resize(self.capacity)
 
     # ---- forwards --------------------------------------------------------
-    def begin_forward(self, width: int) -> int:
-        """Prepare the writes of a forward `width` rows wide for every running row; return kv_len."""
+    def begin_forward(self, width: int, counts: list[int] | None = None) -> ForwardPlan:
+        """Plan the writes of a forward `width` tokens wide for every running row.
+
+        With `counts` the forward is ragged: row b sends only its first counts[b]
+        tree tokens, packed row after row into one sequence.
+        """
         n = self.rows
         kv_len = max(self.lengths) + width
         self._ensure_capacity(kv_len)
-        if all(l == self.lengths[0] for l in self.lengths):
-            self.plan = (n, width, self.lengths[0], None, None, kv_len)
+        dev = self._device()
+        if counts is not None:
+            assert len(counts) == n and all(1 <= c <= width for c in counts)
+            row_of = torch.repeat_interleave(torch.arange(n), torch.tensor(counts))  # [tokens]
+            pos_of = torch.cat([torch.arange(l, l + c) for l, c in zip(self.lengths, counts)])  # [tokens]
+            self.plan = ForwardPlan(1, sum(counts), n, kv_len, row_of=row_of.to(dev), pos_of=pos_of.to(dev))
+        elif all(l == self.lengths[0] for l in self.lengths):
+            self.plan = ForwardPlan(n, width, n, kv_len, start=self.lengths[0])
         else:
-            base = torch.tensor(self.lengths)[:, None]
-            pos = base + torch.arange(width)[None, :]  # [n, width]
-            rows = torch.arange(n)[:, None].expand(n, width)
-            dev = self._device()
-            self.plan = (n, width, None, rows.to(dev), pos.to(dev), kv_len)
-        return kv_len
+            pos_of = torch.tensor(self.lengths)[:, None] + torch.arange(width)[None, :]  # [n, width]
+            row_of = torch.arange(n)[:, None].expand(n, width)
+            self.plan = ForwardPlan(n, width, n, kv_len, row_of=row_of.to(dev), pos_of=pos_of.to(dev))
+        return self.plan
 
     @torch.inference_mode()
     def commit(self, keeps: list[list[int]]) -> None:

@@ -21,6 +21,7 @@ Pure Python; no torch.
 """
 
 import bisect
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,3 +153,35 @@ def choose_width(rows_probs: list[list[float]], cost: Callable[[int], float], ma
         if rate > best_rate:
             best_q, best_rate = q, rate
     return best_q
+
+
+def choose_counts(rows_probs: list[list[float]], cost: Callable[[int, int], float], max_tokens: int) -> list[int]:
+    """Draft rows per batch row for a ragged forward, where each row sends only its own tokens.
+
+    The linear layers cost by the total tokens n + k, wherever the drafts sit,
+    so the best k drafts are the most likely ones across the batch. They are
+    taken greedily, highest first, each row's drafts in their own order (a
+    tree's truncation must be a prefix); `cost(tokens, width)` prices the
+    forward (attention still spans the widest row's tree), and the k with the
+    best expected tokens per ms wins, 0 being a plain step. n + k never
+    exceeds max_tokens. rows_probs[b] holds row b's calibrated draft
+    probabilities in tree order.
+    """
+    n = len(rows_probs)
+    counts = [0] * n
+    best, best_rate = list(counts), n / cost(n, 1)
+    heap = [(-p[0], b) for b, p in enumerate(rows_probs) if p]
+    heapq.heapify(heap)
+    gain, k, widest = float(n), 0, 0
+    while heap and n + k < max_tokens:
+        neg, b = heapq.heappop(heap)
+        counts[b] += 1
+        k += 1
+        gain -= neg
+        widest = max(widest, counts[b])
+        if counts[b] < len(rows_probs[b]):
+            heapq.heappush(heap, (-rows_probs[b][counts[b]], b))
+        rate = gain / cost(n + k, 1 + widest)
+        if rate > best_rate:
+            best, best_rate = list(counts), rate
+    return best

@@ -9,6 +9,7 @@ causal LM whose forward honours a 4D boolean attention mask and explicit
 import inspect
 import logging
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -41,8 +42,20 @@ class ModelRunner:
         if fast_small_matmul is None:
             fast_small_matmul = self.device.type == "cpu"
         self._fast = FastLinears(model, fast_small_matmul)
-        # Tree forwards attend without copying K/V per query-head group (see attention.py).
-        self.packed_attention = attention.install(model, self._fast)
+        # Tree forwards attend without copying K/V per query-head group, and batches may be ragged (attention.py).
+        self._attn = attention.AttentionSwitch()
+        self.packed_attention = attention.install(model, self._attn)
+        self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
+
+    @contextmanager
+    def _active(self, ragged: attention.RaggedQueries | None = None):
+        """The runner's own forward: fast linears and tree attention on (the stock paths stay for everyone else)."""
+        self._attn.on, self._attn.ragged = True, ragged
+        try:
+            with self._fast.active():
+                yield
+        finally:
+            self._attn.on, self._attn.ragged = False, None
 
     # ---- forwards --------------------------------------------------------
     def new_cache(self, capacity: int) -> KVCache:
@@ -53,7 +66,7 @@ class ModelRunner:
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if keep_last is not None and self._keep_kw:
             kwargs["logits_to_keep"] = keep_last
-        with self._fast.active():
+        with self._active():
             out = self.model(
                 input_ids=inputs.input_ids,
                 attention_mask=inputs.attention_mask,
@@ -85,15 +98,30 @@ class ModelRunner:
         """Logits of every tree row, [1 + n, vocab]. Rows are written after the committed cache; call commit next."""
         return self._forward(cache, tree_inputs(tree, cache.length, self.device), keep_last=len(tree.tokens))
 
-    def verify_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int) -> torch.Tensor:
-        """Logits of every row's tree, [rows, width, vocab]; call cache.commit next."""
+    def verify_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int,
+                     ragged: bool = False) -> list[torch.Tensor]:
+        """Logits of every row's tree, row b's as [>= len(trees[b].tokens), vocab]; call cache.commit next.
+
+        Padded: every row sends `width` tokens. Ragged (when the model allows it): row b sends only its
+        own tree's tokens, all packed into one sequence, so no linear layer computes padding.
+        """
         inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
-        cache.begin_forward(width)
         kwargs = {self._cache_kw: cache, "use_cache": True}
-        with torch.inference_mode(), self._fast.active():
-            out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                             position_ids=inputs.position_ids, **kwargs)
-        return out.logits.float()
+        counts = [len(t.tokens) for t in trees]
+        if not (ragged and self.ragged) or all(c == width for c in counts):
+            cache.begin_forward(width)
+            with torch.inference_mode(), self._active():
+                out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                                 position_ids=inputs.position_ids, **kwargs)
+            return list(out.logits.float())
+        plan = cache.begin_forward(width, counts)
+        slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
+        layout = attention.RaggedQueries(len(trees), width, plan.row_of, slot_of)
+        with torch.inference_mode(), self._active(layout):
+            out = self.model(input_ids=inputs.input_ids[plan.row_of, slot_of][None],
+                             attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention stays padded
+                             position_ids=inputs.position_ids[plan.row_of, slot_of][None], **kwargs)
+        return list(out.logits[0].float().split(counts))
 
     # ---- start-up checks -------------------------------------------------
     @torch.inference_mode()
@@ -119,6 +147,32 @@ class ModelRunner:
                     f"{name} ignores 4D attention masks (sibling rows leak into each other); "
                     "lookahead tree verification cannot run on it"
                 )
+        if self.ragged:
+            self.ragged = self._ragged_matches_padded()
+
+    @torch.inference_mode()
+    def _ragged_matches_padded(self) -> bool:
+        """A ragged batch forward must give every row what the padded one gives; otherwise batches stay padded."""
+        trees = [DraftTree([5, 6, 7], [-1, 0, 0], [0, 1, 1], [1.0] * 3), DraftTree([8], [-1], [0], [1.0])]
+        outs = []
+        for ragged in (False, True):
+            cache = self.new_batch_cache(2)
+            for prompt in ([3, 4, 9], [3]):
+                single = self.new_cache(8)
+                self.prefill(single, prompt)
+                cache.admit(single, 8)
+            try:
+                outs.append(self.verify_batch(cache, trees, 3, ragged=ragged))
+            except Exception as e:  # noqa: BLE001 - any failure means "not for this model"
+                log.info("%s: ragged batch forwards unavailable (%s); batches are padded", type(self.model).__name__, e)
+                return False
+        for padded, ragged, tree in zip(*outs, trees):
+            n = len(tree.tokens)
+            if not torch.allclose(padded[:n], ragged[:n], atol=1e-3, rtol=1e-3):
+                log.info("%s: ragged batch forwards disagree with padded ones; batches are padded",
+                         type(self.model).__name__)
+                return False
+        return True
 
     def measure_cost_model(self, short_context: int = 512, long_context: int = 2048) -> CostModel:
         long_context = min(long_context, self._max_positions() - max(COST_SIZES) - 1)

@@ -213,12 +213,15 @@ def test_a_failed_forward_fails_only_the_requests_in_flight(monkeypatch):
     assert drain(engine, [queued])[0].tokens == hf_greedy(model, PROMPTS[2], 20)  # the engine kept serving
 
 
-def test_width_costs_switch_to_measured_forward_times():
+def test_forward_costs_switch_to_measured_forward_times():
     _, engine = make_engine()
-    curve = lambda tokens: 10.0 + tokens  # noqa: E731 - the start-up model: 2 rows x 4 = 18 ms vs 12 ms
-    assert engine._relative_cost(2, curve)(8) == 18 / 12
+    curve = lambda tokens: 10.0 + tokens  # noqa: E731 - the start-up model: 2 rows, 8 tokens = 18 ms vs 12 ms
+    padded = engine._relative_cost(2, curve, ragged=False)
+    assert padded(8, 4) == 18 / 12
+    # Ragged: linears on the 5 real tokens, attention over 2 x 4; priced halfway between.
+    assert engine._relative_cost(2, curve, ragged=True)(5, 4) == (15 + 18) / 2 / 12
     for _ in range(3):
-        engine._observe(2, 1, 100.0)
-        engine._observe(2, 4, 300.0)  # padded 2-row forwards really cost 3 plain steps
-    assert abs(engine._relative_cost(2, curve)(8) - 3.0) < 1e-9
-    assert engine._relative_cost(2, curve)(4) == 14 / 12  # width 2 unmeasured: still the model
+        engine._observe(2, 2, 1, 12.0, predicted=12.0)
+        engine._observe(2, 8, 4, 36.0, predicted=18.0)  # 2-row forwards 4 wide really cost twice the model's price
+    assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4) - 3.0) < 1e-9
+    assert engine._relative_cost(2, curve, ragged=False)(4, 2) == 14 / 12  # width 2 unmeasured: still the model

@@ -1,4 +1,4 @@
-from lookahead.policy import Calibration, CostCurve, CostModel, choose_drafts, choose_width
+from lookahead.policy import Calibration, CostCurve, CostModel, choose_counts, choose_drafts, choose_width
 
 CPU = CostCurve({1: 44.6, 2: 64.4, 4: 63.8, 8: 67.5, 16: 81.6, 32: 111, 64: 149})
 
@@ -53,3 +53,13 @@ def test_batch_width_respects_the_token_cap_and_weak_rows():
     cost = CostCurve.flat()
     assert choose_width([[0.9] * 7] * 8, cost, 16, 8) == 2  # 8 rows x 2 = the whole cap
     assert choose_width([[], []], cost, 256, 8) == 1  # nothing to draft: plain step
+
+
+def test_ragged_counts_take_the_likeliest_drafts_wherever_they_are():
+    flat = lambda tokens, width: 1.0 + 0.1 * (tokens - 3)  # noqa: E731 - 3 rows; each extra token +10%
+    counts = choose_counts([[0.9, 0.8, 0.05], [0.02], [0.7, 0.6]], flat, 256)
+    assert counts == [2, 0, 2]  # the strong rows' leading drafts; the weak tail and weak row stay out
+    assert choose_counts([[0.01], [0.02]], flat, 256) == [0, 0]  # nothing pays: plain step
+    assert sum(choose_counts([[0.9] * 8] * 3, flat, 7)) == 4  # 3 roots + 4 drafts = the cap
+    wide = lambda tokens, width: 1.0 + 0.5 * (width - 1)  # noqa: E731 - only the widest tree costs
+    assert choose_counts([[0.9, 0.9, 0.9], [0.9, 0.9, 0.9]], wide, 256) == [3, 3]  # width bought once, used twice
