@@ -145,7 +145,7 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
     levels = [int(x) for x in args.concurrency.split(",")]
     sched = SchedulerConfig(max_batch_size=max(args.max_batch_size, max(levels)),
                             max_tokens_per_step=max(args.max_tokens_per_step, max(levels)),
-                            prefix_cache_mb=args.prefix_cache_mb)
+                            prefix_cache_mb=args.prefix_cache_mb, ragged=not args.padded)
     refs = []
     for i, (pid, ids) in enumerate(prompts):
         refs.append(hf_generate(lm.model, ids, args.max_new_tokens, lm.eos_token_ids))
@@ -172,6 +172,7 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
         "max_batch_size": sched.max_batch_size,
         "max_tokens_per_step": sched.max_tokens_per_step,
         "prefix_cache_mb": sched.prefix_cache_mb,
+        "ragged": sched.ragged,
         "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
     }
     rows = [{"id": pid, "prompt_tokens": len(ids), "baseline_ids": r.tokens, "baseline_s": r.total_s}
@@ -221,6 +222,7 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens-per-step", type=int, default=256)
     p.add_argument("--prefix-cache-mb", type=int, default=SchedulerConfig.prefix_cache_mb,
                    help="engine prefix cache for prompts that start alike, both arms (0 = off)")
+    p.add_argument("--padded", action="store_true", help="with --concurrency: pad every row to one tree width")
     p.add_argument("--repeats", type=int, default=1,
                    help="with --concurrency: rounds per level, arms alternating on/off then off/on; pooled")
     p.add_argument("--json", type=Path, default=None, help="write the results here")

@@ -108,6 +108,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._prefill_cache: KVCache | None = None
         self.prefixes = PrefixCache(config.prefix_cache_mb * 2**20)
+        self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
         self._forward_ms: dict[tuple[int, int], tuple[float, int]] = {}  # (rows, width) -> (EMA of ms / model ms, samples)
@@ -293,7 +294,7 @@ class Engine:
         counts = self._budget(running, trees)
         trees = [t.truncated(c - 1) for t, c in zip(trees, counts)]
         width = max(len(t.tokens) for t in trees)
-        ragged = self.runner.ragged
+        ragged = self.ragged
         tokens = sum(len(t.tokens) for t in trees) if ragged else n * width
         t1 = time.perf_counter()
         logits = self.runner.verify_batch(self.cache, trees, width, ragged=ragged)  # row b: [>= its tree, vocab]
@@ -332,7 +333,7 @@ class Engine:
         full = [len(t.tokens) for t in trees]
         adaptive = [b for b, seq in enumerate(running) if seq.la.adaptive]
         counts = [1 if b in adaptive else full[b] for b in range(n)]
-        ragged = self.runner.ragged
+        ragged = self.ragged
         if adaptive and any(full[b] > 1 for b in adaptive):
             cal = self.decoder.calibration
             probs = [[p * running[b].draft_factor(cal, trees[b].match_length) for p in trees[b].probs[1:]]

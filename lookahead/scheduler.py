@@ -21,6 +21,7 @@ class SchedulerConfig:
     max_tokens_per_step: int = 256  # tokens in one decode forward: rows x tree width
     prefill_chunk: int = 512  # prompt tokens prefilled per step
     prefix_cache_mb: int = 256  # KV of recent prompts kept for reuse by prompts that start alike (0 = off)
+    ragged: bool = True  # each row sends only its own tree tokens (when the model allows); False = pad to one width
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_tokens_per_step", "prefill_chunk"):

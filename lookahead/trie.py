@@ -47,10 +47,16 @@ class TokenTrie:
         self.root = TrieNode()
         self.node_count = 0
         self.evictions = 0
+        self._forget_open()
+
+    def _forget_open(self) -> None:
+        self._open: list[tuple[TrieNode, int]] = []  # (deepest node, depth) of the n-grams still growing
+        self._open_seq: Sequence[int] | None = None  # ...at the end of this sequence
+        self._open_len = -1  # ...of this length
 
     # ---- insertion -------------------------------------------------------
-    def _insert_path(self, tokens: Sequence[int], count_from: int, weight: float) -> None:
-        """Walk `tokens` from the root, creating nodes; add `weight` at depths >= count_from."""
+    def _insert_path(self, tokens: Sequence[int], count_from: int, weight: float) -> TrieNode:
+        """Walk `tokens` from the root, creating nodes; add `weight` at depths >= count_from; return the last node."""
         node = self.root
         for depth, tok in enumerate(tokens):
             child = node.children.get(tok)
@@ -60,6 +66,7 @@ class TokenTrie:
             if depth >= count_from:
                 child.count += weight
             node = child
+        return node
 
     def add_sequence(self, seq: Sequence[int], weight: float = 1.0) -> None:
         """Insert every n-gram of `seq` (the tail's shorter ones too), once each."""
@@ -71,14 +78,34 @@ class TokenTrie:
         Every start position s owns one n-gram, seq[s : s + n]. Before the growth
         it covered min(n, old_len - s) tokens; only its new depths are counted, so
         an n-gram counts once however many steps it took to arrive.
+
+        The n-grams still growing at the end of `seq` are kept open (their
+        deepest nodes), so the next extension of the same sequence adds one
+        child per open n-gram per new token instead of walking every path from
+        the root again: ~n dictionary steps per token rather than ~n^2 / 2.
         """
         n = self.ngram_length
         stop = self.stop_words
-        for s in range(max(0, old_len - n + 1), new_len):
-            if seq[s] in stop:
-                continue
-            covered = max(0, old_len - s)
-            self._insert_path(seq[s : min(s + n, new_len)], covered, weight)
+        if seq is self._open_seq and old_len == self._open_len:
+            growing = self._open
+        else:  # another sequence, or a gap: find the open n-grams' nodes (created uncounted if evicted)
+            growing = [(self._insert_path(seq[s:old_len], old_len - s, weight), old_len - s)
+                       for s in range(max(0, old_len - n + 1), old_len) if seq[s] not in stop]
+        for i in range(old_len, new_len):
+            tok = seq[i]
+            if tok not in stop:
+                growing.append((self.root, 0))
+            grown = []
+            for node, depth in growing:
+                child = node.children.get(tok)
+                if child is None:
+                    child = node.children[tok] = TrieNode()
+                    self.node_count += 1
+                child.count += weight
+                if depth + 1 < n:
+                    grown.append((child, depth + 1))
+            growing = grown
+        self._open, self._open_seq, self._open_len = growing, seq, new_len
         if self.max_nodes is not None and self.node_count > self.max_nodes:
             self.evict(int(self.max_nodes * self.low_water))
 
@@ -99,6 +126,7 @@ class TokenTrie:
         descendants with it. Repeated decay drives every count under 1, so the
         loop ends.
         """
+        self._forget_open()  # pruning may drop the open n-grams' nodes
         while self.node_count > target_nodes:
             self.evictions += 1
             self.node_count = _decay_and_prune(self.root, self.decay, 1.0)
@@ -106,6 +134,7 @@ class TokenTrie:
     def clear(self) -> None:
         self.root = TrieNode()
         self.node_count = 0
+        self._forget_open()
 
 
 def _decay_and_prune(root: TrieNode, decay: float, floor: float) -> int:

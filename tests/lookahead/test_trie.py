@@ -65,3 +65,33 @@ def test_hard_bound_holds_after_every_insert_and_keeps_frequent_ngrams():
     assert t.evictions > 0
     assert t.find(frequent[:3]) is not None  # decay evicts the rare n-grams first
     assert t.node_count == len(paths(t))  # the count is exact after pruning
+
+
+def test_open_ngrams_across_sequences_gaps_and_evictions_match_one_shot():
+    import random
+
+    rng = random.Random(3)
+    for _ in range(50):
+        stop = frozenset({0})
+        seqs = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(2)]
+        one = TokenTrie(ngram_length=5, stop_words=stop)
+        for s in seqs:
+            one.add_sequence(s)
+        inc = TokenTrie(ngram_length=5, stop_words=stop)
+        grown = [[], []]
+        while any(len(g) < len(s) for g, s in zip(grown, seqs)):
+            k = rng.randrange(2)  # interleave two growing sequences: the open n-grams must follow the right one
+            if len(grown[k]) == len(seqs[k]):
+                continue
+            old = len(grown[k])
+            grown[k].extend(seqs[k][old : old + rng.randrange(1, 4)])
+            inc.extend(grown[k], old, len(grown[k]))
+        assert paths(inc) == paths(one) and inc.node_count == one.node_count
+
+    bounded = TokenTrie(ngram_length=4, max_nodes=12)
+    seq = []
+    for tok in [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5]:
+        seq.append(tok)
+        bounded.extend(seq, len(seq) - 1, len(seq))  # evictions on the way drop open nodes: no count may vanish
+        assert bounded.node_count <= 12
+    assert bounded.find([4, 5]) is not None and bounded.find([4, 5]).count >= 1
