@@ -28,6 +28,7 @@ from collections.abc import Sequence as Seq
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_counts, choose_width
+from .payoff import Payoff
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
@@ -109,6 +110,7 @@ class Engine:
         self._prefill_cache: KVCache | None = None
         self.prefixes = PrefixCache(config.prefix_cache_mb * 2**20)
         self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
+        self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
         self._forward_ms: dict[tuple[int, int], tuple[float, int]] = {}  # (rows, width) -> (EMA of ms / model ms, samples)
@@ -290,7 +292,8 @@ class Engine:
         d, running = self.decoder, self.scheduler.running
         n = len(running)
         t0 = time.perf_counter()
-        trees = [seq.propose(d.memory) for seq in running]
+        allow = self.payoff.allow(n)
+        trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
         counts = self._budget(running, trees)
         trees = [t.truncated(c - 1) for t, c in zip(trees, counts)]
         width = max(len(t.tokens) for t in trees)
@@ -303,17 +306,19 @@ class Engine:
         context = sum(len(seq.ctx) for seq in running) // n
         self._observe(n, tokens, width, (t2 - t1) * 1e3,
                       self._model_ms(d.cost.curve_at(context), n, tokens, width, ragged))
-        keeps, done = [], []
+        keeps, done, delivered = [], [], 0
         for row, (seq, tree) in enumerate(zip(running, trees)):
             acc = seq.choose(tree, logits[row])
             keeps.append([0] + acc.rows)
             emitted = seq.advance(tree, acc, d.calibration)
+            delivered += len(emitted)
             seq.stats.query_ms += (t1 - t0) * 1e3 / n
             seq.stats.forward_ms += (t2 - t1) * 1e3
             self._handles[id(seq)]._push(_TOKENS, emitted)
             if seq.finished:
                 done.append(row)
         self.cache.commit(keeps)
+        self.payoff.record(n, tokens > n, delivered, time.perf_counter() - t0)
         for row in sorted(done, reverse=True):
             seq = running[row]
             self._release(row)

@@ -107,6 +107,11 @@ class Sequence:
         self._proposal = build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
         return self._proposal
 
+    def root(self) -> DraftTree:
+        """A plain step's tree, nothing proposed (so no shadow either): the engine's payoff check said drafts lose."""
+        self._proposal = None
+        return root_only(self.ctx[-1])
+
     def draft_factor(self, calibration: CalibrationTable, match_length: int) -> float:
         """How far to trust this row's trie estimates: the shared rate for its match length, nudged by the
         request's own recent acceptance relative to that rate (geometric mean)."""

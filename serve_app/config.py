@@ -64,6 +64,7 @@ class BatchingSettings(Strict):
     max_tokens_per_step: int = Field(256, ge=1)  # tokens in one decode forward: rows x tree width
     prefill_chunk: int = Field(512, ge=16)  # prompt tokens prefilled per engine step
     prefix_cache_mb: int = Field(256, ge=0)  # KV of recent prompts reused by prompts that start alike (0 = off)
+    ragged: bool = True  # each row sends only its own tree tokens; False pads every row to one tree width
 
     @model_validator(mode="after")
     def _tokens_cover_rows(self):

@@ -74,7 +74,8 @@ class LookaheadModel:
         self.engine = Engine(decoder, SchedulerConfig(max_batch_size=b.max_batch_size,
                                                       max_tokens_per_step=b.max_tokens_per_step,
                                                       prefill_chunk=b.prefill_chunk,
-                                                      prefix_cache_mb=b.prefix_cache_mb)).start()
+                                                      prefix_cache_mb=b.prefix_cache_mb,
+                                                      ragged=b.ragged)).start()
         self.metrics = ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.memory_tag = f"{cfg.model}|vocab={len(self.tokenizer)}"

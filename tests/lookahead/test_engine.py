@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
@@ -49,8 +51,10 @@ def test_requests_join_and_leave_mid_stream_and_stay_lossless():
     assert engine.cache.rows == 0 and engine.scheduler.idle()
 
 
-def test_diverging_kv_lengths_are_lossless_with_drafts_accepted():
-    model, engine = make_engine()
+@pytest.mark.parametrize("ragged", [True, False])
+def test_diverging_kv_lengths_are_lossless_with_drafts_accepted(ragged):
+    model, engine = make_engine(ragged=ragged)
+    assert engine.ragged == ragged
     # Prime the memory with every reference output, so drafts are accepted and rows advance unevenly.
     refs = [hf_greedy(model, p, 40) for p in PROMPTS]
     for r in refs:
@@ -225,3 +229,20 @@ def test_forward_costs_switch_to_measured_forward_times():
         engine._observe(2, 8, 4, 36.0, predicted=18.0)  # 2-row forwards 4 wide really cost twice the model's price
     assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4) - 3.0) < 1e-9
     assert engine._relative_cost(2, curve, ragged=False)(4, 2) == 14 / 12  # width 2 unmeasured: still the model
+
+
+def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossless():
+    model, engine = make_engine(adaptive=True)
+    engine.payoff.probe_every = 10**6  # no probes in this test
+    drafting, plain = engine.payoff.rates(2)
+    for _ in range(engine.payoff.min_steps):  # measured at 2 rows: drafting steps delivered less per second
+        drafting.add(10, 1.0, engine.payoff.decay)
+        plain.add(20, 1.0, engine.payoff.decay)
+    refs = [hf_greedy(model, p, 30) for p in PROMPTS[:2]]
+    for r in refs:
+        engine.decoder.memory.add_sequence(r)  # drafts would be accepted: only the payoff check stops them
+    handles = [engine.add_request(p, stop=StopCriteria(30)) for p in PROMPTS[:2]]
+    results = drain(engine, handles)
+    assert [r.tokens for r in results] == refs
+    assert engine.payoff.rates(2)[0].steps == engine.payoff.min_steps  # no 2-row step verified a draft
+    assert engine.payoff.rates(2)[1].steps > 5

@@ -1,0 +1,68 @@
+"""The model runner's batch forwards: ragged (rows send only their own tree tokens) equals padded equals alone."""
+
+import pytest
+import torch
+
+from lookahead.draft import DraftTree
+from lookahead.runner import ModelRunner
+
+from .tiny_models import tiny
+
+TREES = [
+    DraftTree([5, 6, 7, 8], [-1, 0, 0, 1], [0, 1, 1, 2], [1.0] * 4),  # a branching tree, 3 drafts
+    DraftTree([9], [-1], [0], [1.0]),  # root only
+    DraftTree([4, 4], [-1, 0], [0, 1], [1.0] * 2),  # a chain of one draft
+]
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [2, 7], [6, 6, 6, 6]]  # different lengths: KV rows diverge
+
+
+def batch(runner, prompts):
+    cache = runner.new_batch_cache(4)
+    for p in prompts:
+        single = runner.new_cache(len(p) + 8)
+        runner.prefill(single, p)
+        cache.admit(single, 8)
+    return cache
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "glm"])
+def test_ragged_forward_equals_padded_and_alone(family):
+    runner = ModelRunner(tiny(family))
+    runner.check_tree_masks()
+    assert runner.ragged
+    width = max(len(t.tokens) for t in TREES)
+    padded = runner.verify_batch(batch(runner, PROMPTS), TREES, width, ragged=False)
+    cache = batch(runner, PROMPTS)
+    ragged = runner.verify_batch(cache, TREES, width, ragged=True)
+    assert cache.plan.ragged and cache.plan.tokens == sum(len(t.tokens) for t in TREES)
+    for b, (tree, prompt) in enumerate(zip(TREES, PROMPTS)):
+        n = len(tree.tokens)
+        assert ragged[b].shape[0] == n
+        torch.testing.assert_close(ragged[b], padded[b][:n], atol=1e-4, rtol=1e-4)
+        single = runner.new_cache(len(prompt) + 8)
+        runner.prefill(single, prompt)
+        torch.testing.assert_close(ragged[b], runner.verify(single, tree), atol=1e-4, rtol=1e-4)
+
+
+def test_ragged_keys_land_where_padded_ones_do():
+    runner = ModelRunner(tiny("qwen2"))
+    width = max(len(t.tokens) for t in TREES)
+    caches = {}
+    for ragged in (False, True):
+        caches[ragged] = batch(runner, PROMPTS)
+        runner.verify_batch(caches[ragged], TREES, width, ragged=ragged)
+    for b, (tree, prompt) in enumerate(zip(TREES, PROMPTS)):
+        real = slice(0, len(prompt) + len(tree.tokens))  # the committed context and this row's own tree
+        for lp, lr in zip(caches[False].layers, caches[True].layers):
+            torch.testing.assert_close(lr.keys[b, :, real], lp.keys[b, :, real], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(lr.values[b, :, real], lp.values[b, :, real], atol=1e-5, rtol=1e-4)
+
+
+def test_models_outside_the_packed_attention_stay_padded():
+    model = tiny("llama")
+    model.config._attn_implementation = "eager"  # not routed through lookahead's attention
+    runner = ModelRunner(model)
+    assert not runner.ragged
+    width = max(len(t.tokens) for t in TREES)
+    out = runner.verify_batch(batch(runner, PROMPTS), TREES, width, ragged=True)  # asks, gets padded
+    assert all(o.shape[0] == width for o in out)
