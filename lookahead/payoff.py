@@ -3,12 +3,13 @@
 The budget policy drafts where its models expect a gain: the trie's
 calibrated probabilities and the forward-cost model. Models can be wrong, and
 a step's Python work (building trees, replaying shadows) is in neither. So
-the engine also measures, per running-batch size, the tokens per second the
-whole decode step really delivered, separately for steps that verified
-drafts and steps that did not. Where drafting steps come out slower than
-plain ones, drafting is switched off at that batch size (rows do not even
-build their trees) and probed again every `probe_every` steps, so a change in
-load or in the text brings it back.
+the engine also measures, per class of running-batch size, the tokens per
+second the whole decode step really delivered, separately for steps that
+verified drafts and steps that did not (where the policy drafts every step,
+one step in `reference_every` is taken plainly until there is a reference).
+Where drafting steps come out slower than plain ones, drafting is switched
+off in that class (rows do not even build their trees) and probed again
+every `probe_every` steps, so a change in load or in the text brings it back.
 
 On a compute-bound CPU this is what keeps lookahead from ever costing
 throughput at high concurrency: wide batches already use the cores, drafts
@@ -39,18 +40,27 @@ class Rate:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def size_class(rows: int) -> int:
+    """Batch sizes are judged in classes 1, 2, 3-4, 5-8, 9-16, ...: neighbours behave alike, and a class
+    gathers its samples far sooner than one exact size would while requests come and go."""
+    return 1 << (rows - 1).bit_length()
+
+
 @dataclass
 class Payoff:
-    min_steps: int = 8  # steps of each kind at a batch size before the check may turn drafting off there
+    min_steps: int = 8  # steps of each kind in a size class before the check may turn drafting off there
     probe_every: int = 16  # while off, let the policy draft again every this many steps
+    reference_every: int = 4  # while plain steps are too few to compare with, every this many steps is plain
     decay: float = 0.95  # per step of that kind: the check follows roughly the last 20 of each
-    _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # rows -> (drafting steps, plain steps)
-    _skipped: dict[int, int] = field(default_factory=dict)  # rows -> steps kept plain since the last probe
+    _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (drafting steps, plain steps)
+    _skipped: dict[int, int] = field(default_factory=dict)  # size class -> steps kept plain since the last probe
+    _seen: dict[int, int] = field(default_factory=dict)  # size class -> steps asked about
 
     def rates(self, rows: int) -> tuple[Rate, Rate]:
-        if rows not in self._rates:
-            self._rates[rows] = (Rate(), Rate())
-        return self._rates[rows]
+        c = size_class(rows)
+        if c not in self._rates:
+            self._rates[c] = (Rate(), Rate())
+        return self._rates[c]
 
     def pays(self, rows: int) -> bool:
         """Whether drafting, as the policy chooses it, has delivered at least plain steps' tokens/s here."""
@@ -60,13 +70,24 @@ class Payoff:
         return drafting.per_second >= plain.per_second
 
     def allow(self, rows: int) -> bool:
-        """May rows build and verify drafts this step? (Counts the probe interval while the answer is no.)"""
+        """May rows build and verify drafts this step?
+
+        Yes while drafting pays (or is not yet measured), except that a class
+        whose drafting steps have no plain steps to be compared with takes
+        every `reference_every`-th step plainly. No while it loses, except a
+        probe every `probe_every` steps.
+        """
+        c = size_class(rows)
+        drafting, plain = self.rates(rows)
+        self._seen[c] = self._seen.get(c, 0) + 1
+        if drafting.steps >= self.min_steps and plain.steps < self.min_steps:
+            return self._seen[c] % self.reference_every != 0
         if self.pays(rows):
-            self._skipped[rows] = 0
+            self._skipped[c] = 0
             return True
-        self._skipped[rows] = self._skipped.get(rows, 0) + 1
-        if self._skipped[rows] >= self.probe_every:
-            self._skipped[rows] = 0
+        self._skipped[c] = self._skipped.get(c, 0) + 1
+        if self._skipped[c] >= self.probe_every:
+            self._skipped[c] = 0
             return True
         return False
 

@@ -67,9 +67,8 @@ class Sequence:
         self.ctx = list(self.prompt)  # every token so far; ctx[-1] is the next root (not in the KV cache)
         self.stats.prompt_tokens = len(self.prompt)
         self.drafting = self.la.enabled and self.la.decoding_length > 0
-        self.local = TokenTrie(self.la.branch_length + 1, self.la.stop_words)
-        if self.drafting:
-            self.local.add_sequence(self.ctx)
+        self._local = TokenTrie(self.la.branch_length + 1, self.la.stop_words)
+        self._local_len = 0  # tokens of ctx already in the local trie: it is built on first use (see `local`)
         self.generator = None
         if self.sampling.do_sample:
             self.generator = torch.Generator()
@@ -82,6 +81,19 @@ class Sequence:
         self._proposal: DraftTree | None = None  # the last full proposal, before the budget cut it
         self._shadows: list[tuple[int, DraftTree]] = []  # (len(ctx) when proposed, cut proposal) awaiting tokens
         self.started_at = time.perf_counter()
+
+    @property
+    def local(self) -> TokenTrie:
+        """This request's own trie (prompt + output so far), brought up to date on access.
+
+        Built lazily: a 700-token prompt takes ~30 ms of Python to insert, which
+        a request never proposing drafts (lookahead off, or the engine's payoff
+        check keeping a busy batch plain) should not pay.
+        """
+        if self._local_len < len(self.ctx):
+            self._local.extend(self.ctx, self._local_len, len(self.ctx))
+            self._local_len = len(self.ctx)
+        return self._local
 
     @property
     def finished(self) -> bool:
@@ -143,7 +155,9 @@ class Sequence:
         old = len(self.ctx)
         self.ctx.extend(emitted)
         if self.drafting:
-            self.local.extend(self.ctx, old, len(self.ctx))
+            if self._local_len == old:  # a built trie stays current; an unbuilt one catches up on first use
+                self._local.extend(self.ctx, old, len(self.ctx))
+                self._local_len = len(self.ctx)
             if tree.num_drafts:
                 self._learn(tree, len(acc.rows), calibration)
             elif self._proposal is not None and self._proposal.num_drafts:

@@ -32,3 +32,12 @@ def test_drafting_comes_back_when_it_pays_again():
     for _ in range(6):  # the text turned repetitive: the probes now win
         p.record(8, True, 20, 0.1)
     assert p.pays(8) and p.allow(8)
+
+
+def test_a_class_that_always_drafts_takes_plain_reference_steps_and_sizes_share_classes():
+    p = Payoff(min_steps=4, reference_every=4)
+    for _ in range(4):
+        p.record(12, True, 30, 0.1)  # 9-16 rows always drafted so far: nothing to compare with
+    verdicts = [p.allow(16) for _ in range(8)]
+    assert verdicts == [True, True, True, False] * 2
+    assert p.rates(9) is p.rates(16) and p.rates(8) is not p.rates(9)
