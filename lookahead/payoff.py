@@ -5,9 +5,11 @@ calibrated probabilities and the forward-cost model. Models can be wrong, and
 a step's Python work (building trees, replaying shadows) is in neither. So
 the engine also measures, per class of running-batch size, the tokens per
 second the whole decode step really delivered, separately for steps that
-verified drafts and steps that did not (where the policy drafts every step,
-one step in `reference_every` is taken plainly until there is a reference).
-Where drafting steps come out slower than plain ones, drafting is switched
+verified drafts and steps that did not (optionally forcing one step in
+`reference_every` plain while a class has no plain reference; off by
+default, since those steps measurably cost at low concurrency). Where
+drafting steps come out clearly slower than plain ones (below `margin`, to
+stay out of the timing noise), drafting is switched
 off in that class (rows do not even build their trees) and probed again
 every `probe_every` steps, so a change in load or in the text brings it back.
 
@@ -50,7 +52,8 @@ def size_class(rows: int) -> int:
 class Payoff:
     min_steps: int = 8  # steps of each kind in a size class before the check may turn drafting off there
     probe_every: int = 16  # while off, let the policy draft again every this many steps
-    reference_every: int = 4  # while plain steps are too few to compare with, every this many steps is plain
+    reference_every: int = 0  # if > 0: while plain steps are too few to compare with, every this many is plain
+    margin: float = 0.97  # drafting is turned off only when it delivers below this share of plain's tokens/s
     decay: float = 0.95  # per step of that kind: the check follows roughly the last 20 of each
     _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (drafting steps, plain steps)
     _skipped: dict[int, int] = field(default_factory=dict)  # size class -> steps kept plain since the last probe
@@ -67,7 +70,7 @@ class Payoff:
         drafting, plain = self.rates(rows)
         if drafting.steps < self.min_steps or plain.steps < self.min_steps:
             return True
-        return drafting.per_second >= plain.per_second
+        return drafting.per_second >= self.margin * plain.per_second
 
     def allow(self, rows: int) -> bool:
         """May rows build and verify drafts this step?
@@ -80,7 +83,7 @@ class Payoff:
         c = size_class(rows)
         drafting, plain = self.rates(rows)
         self._seen[c] = self._seen.get(c, 0) + 1
-        if drafting.steps >= self.min_steps and plain.steps < self.min_steps:
+        if self.reference_every and drafting.steps >= self.min_steps and plain.steps < self.min_steps:
             return self._seen[c] % self.reference_every != 0
         if self.pays(rows):
             self._skipped[c] = 0

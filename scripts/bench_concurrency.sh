@@ -9,6 +9,6 @@ data=${LOOKAHEAD_DATA_DIR:-../shared/data}
 mkdir -p "$out"
 for set in humaneval narrativeqa; do
     .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \
-        --limit 16 --max-new-tokens 128 --chat --concurrency 1,2,4,8,16 --repeats 2 --json "$out/$set.json" "$@" | tee "$out/$set.log"
+        --limit 16 --max-new-tokens 128 --chat --concurrency 1,2,4,8,16 --json "$out/$set.json" "$@" | tee "$out/$set.log"
 done
 .venv/bin/python -m lookahead.bench_report "$out"/*.json | tee "$out/table.md"

@@ -16,7 +16,7 @@ def test_drafting_stays_on_until_both_kinds_are_measured():
 
 
 def test_losing_drafts_turn_off_at_that_batch_size_only_and_are_probed():
-    p = Payoff(min_steps=4, probe_every=5)
+    p = Payoff(min_steps=4, probe_every=5, margin=1.0)
     feed(p, 16, drafted_tok_s=150, plain_tok_s=160, steps=10)  # drafting steps deliver less at 16 rows
     feed(p, 1, drafted_tok_s=50, plain_tok_s=30, steps=10)  # and more at 1 row
     assert not p.pays(16) and p.pays(1)
@@ -26,7 +26,7 @@ def test_losing_drafts_turn_off_at_that_batch_size_only_and_are_probed():
 
 
 def test_drafting_comes_back_when_it_pays_again():
-    p = Payoff(min_steps=4, probe_every=3, decay=0.5)
+    p = Payoff(min_steps=4, probe_every=3, decay=0.5, margin=1.0)
     feed(p, 8, drafted_tok_s=80, plain_tok_s=100, steps=6)
     assert not p.allow(8)
     for _ in range(6):  # the text turned repetitive: the probes now win
@@ -35,7 +35,7 @@ def test_drafting_comes_back_when_it_pays_again():
 
 
 def test_a_class_that_always_drafts_takes_plain_reference_steps_and_sizes_share_classes():
-    p = Payoff(min_steps=4, reference_every=4)
+    p = Payoff(min_steps=4, reference_every=4)  # opt-in
     for _ in range(4):
         p.record(12, True, 30, 0.1)  # 9-16 rows always drafted so far: nothing to compare with
     verdicts = [p.allow(16) for _ in range(8)]
