@@ -295,7 +295,8 @@ class Engine:
         allow = self.payoff.allow(n)
         builds = sum(seq.trie_build_s for seq in running)
         trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
-        counts = self._budget(running, trees)
+        curve = d.cost.curve_at(sum(len(seq.ctx) for seq in running) // n)  # forward cost at this context
+        counts = self._budget(running, trees, curve)
         trees = [t.truncated(c - 1) for t, c in zip(trees, counts)]
         width = max(len(t.tokens) for t in trees)
         ragged = self.ragged
@@ -304,9 +305,7 @@ class Engine:
         logits = self.runner.verify_batch(self.cache, trees, width, ragged=ragged)  # row b: [>= its tree, vocab]
         t2 = time.perf_counter()
         self.forward_tokens += tokens
-        context = sum(len(seq.ctx) for seq in running) // n
-        self._observe(n, tokens, width, (t2 - t1) * 1e3,
-                      self._model_ms(d.cost.curve_at(context), n, tokens, width, ragged))
+        self._observe(n, tokens, width, (t2 - t1) * 1e3, self._model_ms(curve, n, tokens, width, ragged))
         keeps, done, delivered = [], [], 0
         for row, (seq, tree) in enumerate(zip(running, trees)):
             acc = seq.choose(tree, logits[row])
@@ -327,7 +326,7 @@ class Engine:
             self._release(row)
             self._finish(seq, seq.finish_reason)
 
-    def _budget(self, running: list[Sequence], trees) -> list[int]:
+    def _budget(self, running: list[Sequence], trees, curve) -> list[int]:
         """Tree tokens (root included) each row verifies this step.
 
         Fixed-budget rows keep their whole trees. Adaptive rows share the step
@@ -346,8 +345,7 @@ class Engine:
             cal = self.decoder.calibration
             probs = [[p * running[b].draft_factor(cal, trees[b].match_length) for p in trees[b].probs[1:]]
                      for b in adaptive]
-            context = sum(len(seq.ctx) for seq in running) // n
-            cost = self._relative_cost(n, self.decoder.cost.curve_at(context), ragged)
+            cost = self._relative_cost(n, curve, ragged)
             if ragged:
                 other = sum(counts) - len(adaptive)  # the fixed-budget rows' tokens
                 fixed_width = max((counts[b] for b in range(n) if b not in adaptive), default=1)
