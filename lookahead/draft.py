@@ -23,10 +23,11 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .ngram_index import NGramIndex, RangeNode
 from .trie import TokenTrie, TrieNode
 
 # One trie node per source that has the path, with that source's weight.
-_Virtual = list[tuple[TrieNode, float]]
+_Virtual = list[tuple[TrieNode | RangeNode, float]]
 PRIOR_COUNT = 1.0  # pseudo-count of "something unseen follows"
 
 
@@ -76,7 +77,7 @@ def _kids(v: _Virtual) -> dict[int, _Virtual]:
     return merged
 
 
-def match(sources: Sequence[tuple[TokenTrie, float]], context: Sequence[int], max_q: int, min_q: int) -> tuple[int, _Virtual]:
+def match(sources: Sequence[tuple[TokenTrie | NGramIndex, float]], context: Sequence[int], max_q: int, min_q: int) -> tuple[int, _Virtual]:
     """Longest context suffix (max_q down to min_q tokens) that some source continues."""
     for m in range(min(max_q, len(context)), min_q - 1, -1):
         key = context[len(context) - m :]

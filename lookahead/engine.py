@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 
+from .attention import split_attention
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_counts, choose_width
@@ -113,7 +114,8 @@ class Engine:
         self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
-        self._forward_ms: dict[tuple[int, int], tuple[float, int]] = {}  # (rows, width) -> (EMA of ms / model ms, samples)
+        # (rows, width, split attention) -> (EMA of measured ms / model ms, samples)
+        self._forward_ms: dict[tuple[int, int, bool], tuple[float, int]] = {}
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -301,11 +303,13 @@ class Engine:
         width = max(len(t.tokens) for t in trees)
         ragged = self.ragged
         tokens = sum(len(t.tokens) for t in trees) if ragged else n * width
+        drafting = sum(len(t.tokens) > 1 for t in trees)
         t1 = time.perf_counter()
         logits = self.runner.verify_batch(self.cache, trees, width, ragged=ragged)  # row b: [>= its tree, vocab]
         t2 = time.perf_counter()
         self.forward_tokens += tokens
-        self._observe(n, tokens, width, (t2 - t1) * 1e3, self._model_ms(curve, n, tokens, width, ragged))
+        split = ragged and split_attention(n, drafting)
+        self._observe((n, width, split), (t2 - t1) * 1e3, self._model_ms(curve, n, tokens, width, ragged, drafting))
         keeps, done, delivered = [], [], 0
         for row, (seq, tree) in enumerate(zip(running, trees)):
             acc = seq.choose(tree, logits[row])
@@ -349,11 +353,13 @@ class Engine:
             if ragged:
                 other = sum(counts) - len(adaptive)  # the fixed-budget rows' tokens
                 fixed_width = max((counts[b] for b in range(n) if b not in adaptive), default=1)
-                chosen = choose_counts(probs, lambda t, w: cost(t + other, max(w, fixed_width)), cap - other)
+                fixed_drafting = sum(counts[b] > 1 for b in range(n) if b not in adaptive)
+                chosen = choose_counts(probs, lambda t, w, k: cost(t + other, max(w, fixed_width), k + fixed_drafting),
+                                       cap - other)
                 for b, k in zip(adaptive, chosen):
                     counts[b] = 1 + k
             else:
-                width = choose_width(probs, lambda t: cost(t, t // n), cap, max(full[b] for b in adaptive))
+                width = choose_width(probs, lambda t: cost(t, t // n, n), cap, max(full[b] for b in adaptive))
                 for b in adaptive:
                     counts[b] = min(full[b], width)
         if ragged:
@@ -367,40 +373,46 @@ class Engine:
     TRUST_AFTER = 3  # forwards of one (rows, width) shape before its measured correction is used
 
     @staticmethod
-    def _model_ms(curve, rows: int, tokens: int, width: int, ragged: bool) -> float:
-        """The start-up curve's price of a batch forward.
+    def _model_ms(curve, rows: int, tokens: int, width: int, ragged: bool, drafting: int) -> float:
+        """The start-up curve's price of a batch forward (`drafting`: rows sending more than their root).
 
         The curve was measured on one row. In a padded forward everything runs
         on rows x width tokens. In a ragged one the linear layers run on
-        `tokens` only while attention still spans rows x width; measured on
-        SmolLM2 with 8 rows at 700 tokens of context, the mean of the two prices
-        lands within ~15% (on the dear side) of the real time.
+        `tokens` only. Its attention goes row by row when few rows draft
+        (`attention.split_attention`): then every query attends only its own
+        row, as on the curve, and the price is curve(tokens) (within ~5% on
+        SmolLM2, 4-16 rows at ~650 tokens of context). Otherwise attention
+        spans rows x width, and the mean of the two prices lands within ~15%
+        (on the dear side) of the real time (8 rows at 700 tokens of context).
         """
         if not ragged:
             return curve(rows * width)
+        if split_attention(rows, drafting):
+            return curve(tokens)
         return (curve(tokens) + curve(rows * width)) / 2
 
-    def _observe(self, rows: int, tokens: int, width: int, ms: float, predicted: float) -> None:
-        """Record how far a forward's time was from the model's price, per (rows, width) shape."""
+    def _observe(self, shape: tuple[int, int, bool], ms: float, predicted: float) -> None:
+        """Record how far a forward's time was from the model's price, per (rows, width, split) shape."""
         ratio = ms / predicted
-        ema, k = self._forward_ms.get((rows, width), (ratio, 0))
-        self._forward_ms[(rows, width)] = (ema + (ratio - ema) * max(0.2, 1 / (k + 1)), k + 1)
+        ema, k = self._forward_ms.get(shape, (ratio, 0))
+        self._forward_ms[shape] = (ema + (ratio - ema) * max(0.2, 1 / (k + 1)), k + 1)
 
-    def _correction(self, rows: int, width: int) -> float:
-        seen = self._forward_ms.get((rows, width))
+    def _correction(self, shape: tuple[int, int, bool]) -> float:
+        seen = self._forward_ms.get(shape)
         return seen[0] if seen and seen[1] >= self.TRUST_AFTER else 1.0
 
     def _relative_cost(self, rows: int, curve, ragged: bool):
-        """cost(tokens, width) of a forward of all rows, relative to a plain step of the same rows.
+        """cost(tokens, width, drafting) of a forward of all rows, relative to a plain step of the same rows.
 
-        The start-up model (`_model_ms`), corrected per (rows, width) shape by
-        how far the forwards of that shape timed while serving were off it.
-        Only ratios matter to the budget, and ratios survive the machine's
-        speed drifting.
+        The start-up model (`_model_ms`), corrected per (rows, width, split)
+        shape by how far the forwards of that shape timed while serving were
+        off it. Only ratios matter to the budget, and ratios survive the
+        machine's speed drifting.
         """
-        plain = self._model_ms(curve, rows, rows, 1, ragged) * self._correction(rows, 1)
+        plain = self._model_ms(curve, rows, rows, 1, ragged, 0) * self._correction((rows, 1, False))
 
-        def cost(tokens: int, width: int) -> float:
-            return self._model_ms(curve, rows, tokens, width, ragged) * self._correction(rows, width) / plain
+        def cost(tokens: int, width: int, drafting: int) -> float:
+            shape = (rows, width, ragged and split_attention(rows, drafting))
+            return self._model_ms(curve, rows, tokens, width, ragged, drafting) * self._correction(shape) / plain
 
         return cost

@@ -155,33 +155,35 @@ def choose_width(rows_probs: list[list[float]], cost: Callable[[int], float], ma
     return best_q
 
 
-def choose_counts(rows_probs: list[list[float]], cost: Callable[[int, int], float], max_tokens: int) -> list[int]:
+def choose_counts(rows_probs: list[list[float]], cost: Callable[[int, int, int], float], max_tokens: int) -> list[int]:
     """Draft rows per batch row for a ragged forward, where each row sends only its own tokens.
 
     The linear layers cost by the total tokens n + k, wherever the drafts sit,
     so the best k drafts are the most likely ones across the batch. They are
     taken greedily, highest first, each row's drafts in their own order (a
-    tree's truncation must be a prefix); `cost(tokens, width)` prices the
-    forward (attention still spans the widest row's tree), and the k with the
-    best expected tokens per ms wins, 0 being a plain step. n + k never
+    tree's truncation must be a prefix); `cost(tokens, width, drafting)`
+    prices the forward (attention may span the widest row's tree, or go row
+    by row when few rows draft), and the k with the best expected tokens per
+    ms wins, 0 being a plain step. n + k never
     exceeds max_tokens. rows_probs[b] holds row b's calibrated draft
     probabilities in tree order.
     """
     n = len(rows_probs)
     counts = [0] * n
-    best, best_rate = list(counts), n / cost(n, 1)
+    best, best_rate = list(counts), n / cost(n, 1, 0)
     heap = [(-p[0], b) for b, p in enumerate(rows_probs) if p]
     heapq.heapify(heap)
-    gain, k, widest = float(n), 0, 0
+    gain, k, widest, drafting = float(n), 0, 0, 0
     while heap and n + k < max_tokens:
         neg, b = heapq.heappop(heap)
+        drafting += counts[b] == 0
         counts[b] += 1
         k += 1
         gain -= neg
         widest = max(widest, counts[b])
         if counts[b] < len(rows_probs[b]):
             heapq.heappush(heap, (-rows_probs[b][counts[b]], b))
-        rate = gain / cost(n + k, 1 + widest)
+        rate = gain / cost(n + k, 1 + widest, drafting)
         if rate > best_rate:
             best, best_rate = list(counts), rate
     return best

@@ -116,7 +116,8 @@ class ModelRunner:
             return list(out.logits.float())
         plan = cache.begin_forward(width, counts)
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
-        layout = attention.RaggedQueries(len(trees), width, plan.row_of, slot_of)
+        layout = attention.RaggedQueries(len(trees), width, plan.row_of, slot_of,
+                                         counts, list(cache.lengths))
         with torch.inference_mode(), self._active(layout):
             out = self.model(input_ids=inputs.input_ids[plan.row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention stays padded
@@ -153,11 +154,16 @@ class ModelRunner:
     @torch.inference_mode()
     def _ragged_matches_padded(self) -> bool:
         """A ragged batch forward must give every row what the padded one gives; otherwise batches stay padded."""
-        trees = [DraftTree([5, 6, 7], [-1, 0, 0], [0, 1, 1], [1.0] * 3), DraftTree([8], [-1], [0], [1.0])]
+        wide, plain = DraftTree([5, 6, 7], [-1, 0, 0], [0, 1, 1], [1.0] * 3), DraftTree([8], [-1], [0], [1.0])
+        prompts = [[3, 4, 9], [3], [2, 2], [7, 1, 8, 2]]
+        # two rows attend in the padded layout; four with one drafting attend row by row (attention.split_attention)
+        return all(self._ragged_case(trees, prompts) for trees in ([wide, plain], [wide, plain, plain, plain]))
+
+    def _ragged_case(self, trees: list[DraftTree], prompts: list[list[int]]) -> bool:
         outs = []
         for ragged in (False, True):
-            cache = self.new_batch_cache(2)
-            for prompt in ([3, 4, 9], [3]):
+            cache = self.new_batch_cache(len(trees))
+            for prompt in prompts[: len(trees)]:
                 single = self.new_cache(8)
                 self.prefill(single, prompt)
                 cache.admit(single, 8)

@@ -1,6 +1,6 @@
 """One request's decoding state, shared by the single-stream decoder and the batching engine.
 
-A `Sequence` knows its context, its own trie (prompt + output so far), its
+A `Sequence` knows its context, its own n-gram index (prompt + output so far), its
 lookahead settings, sampling and stop criteria. Per step it proposes a draft
 tree, picks the model's tokens from the verified logits, emits up to the first
 stop condition and learns from what it emitted. It never touches the model:
@@ -26,6 +26,7 @@ from .draft import DraftTree, build_tree, match, root_only
 from .policy import Calibration, CalibrationTable
 from .sampling import RowChooser, SamplingParams
 from .stats import RequestStats
+from .ngram_index import NGramIndex
 from .trie import TokenTrie
 from .verify import Acceptance, accept
 
@@ -67,9 +68,9 @@ class Sequence:
         self.ctx = list(self.prompt)  # every token so far; ctx[-1] is the next root (not in the KV cache)
         self.stats.prompt_tokens = len(self.prompt)
         self.drafting = self.la.enabled and self.la.decoding_length > 0
-        self._local = TokenTrie(self.la.branch_length + 1, self.la.stop_words)
-        self._local_len = 0  # tokens of ctx already in the local trie: it is built on first use (see `local`)
-        self.trie_build_s = 0.0  # time spent catching the local trie up (a one-off, not a step's own cost)
+        self._local = NGramIndex(self.la.branch_length + 1, self.la.stop_words)
+        self._local_len = 0  # tokens of ctx already in the local index: it is built on first use (see `local`)
+        self.trie_build_s = 0.0  # time spent catching the local index up (a one-off, not a step's own cost)
         self.generator = None
         if self.sampling.do_sample:
             self.generator = torch.Generator()
@@ -84,12 +85,12 @@ class Sequence:
         self.started_at = time.perf_counter()
 
     @property
-    def local(self) -> TokenTrie:
-        """This request's own trie (prompt + output so far), brought up to date on access.
+    def local(self) -> NGramIndex:
+        """This request's own n-grams (prompt + output so far), brought up to date on access.
 
-        Built lazily: a 700-token prompt takes ~30 ms of Python to insert, which
-        a request never proposing drafts (lookahead off, or the engine's payoff
-        check keeping a busy batch plain) should not pay.
+        Built lazily (~1 ms for a 700-token prompt), so a request never
+        proposing drafts (lookahead off, or the engine's payoff check keeping
+        a busy batch plain) does not pay even that.
         """
         if self._local_len < len(self.ctx):
             t0 = time.perf_counter()
@@ -158,7 +159,7 @@ class Sequence:
         old = len(self.ctx)
         self.ctx.extend(emitted)
         if self.drafting:
-            if self._local_len == old:  # a built trie stays current; an unbuilt one catches up on first use
+            if self._local_len == old:  # a built index stays current; an unbuilt one catches up on first use
                 self._local.extend(self.ctx, old, len(self.ctx))
                 self._local_len = len(self.ctx)
             if tree.num_drafts:

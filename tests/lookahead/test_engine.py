@@ -221,14 +221,17 @@ def test_forward_costs_switch_to_measured_forward_times():
     _, engine = make_engine()
     curve = lambda tokens: 10.0 + tokens  # noqa: E731 - the start-up model: 2 rows, 8 tokens = 18 ms vs 12 ms
     padded = engine._relative_cost(2, curve, ragged=False)
-    assert padded(8, 4) == 18 / 12
-    # Ragged: linears on the 5 real tokens, attention over 2 x 4; priced halfway between.
-    assert engine._relative_cost(2, curve, ragged=True)(5, 4) == (15 + 18) / 2 / 12
+    assert padded(8, 4, 2) == 18 / 12
+    # Ragged, both rows drafting: linears on the 5 real tokens, attention over 2 x 4; priced halfway between.
+    assert engine._relative_cost(2, curve, ragged=True)(5, 4, 2) == (15 + 18) / 2 / 12
+    # Ragged, one row of four drafting: attention goes row by row, so only the 6 real tokens count.
+    assert engine._relative_cost(4, curve, ragged=True)(6, 3, 1) == 16 / 14
     for _ in range(3):
-        engine._observe(2, 2, 1, 12.0, predicted=12.0)
-        engine._observe(2, 8, 4, 36.0, predicted=18.0)  # 2-row forwards 4 wide really cost twice the model's price
-    assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4) - 3.0) < 1e-9
-    assert engine._relative_cost(2, curve, ragged=False)(4, 2) == 14 / 12  # width 2 unmeasured: still the model
+        engine._observe((2, 1, False), 12.0, predicted=12.0)
+        engine._observe((2, 4, False), 36.0, predicted=18.0)  # 2-row forwards 4 wide really cost twice the price
+    assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4, 2) - 3.0) < 1e-9
+    assert engine._relative_cost(2, curve, ragged=False)(4, 2, 2) == 14 / 12  # width 2 unmeasured: still the model
+    assert engine._relative_cost(4, curve, ragged=True)(6, 4, 1) == 16 / 14  # split shapes are measured apart
 
 
 def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossless():

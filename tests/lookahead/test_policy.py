@@ -56,10 +56,12 @@ def test_batch_width_respects_the_token_cap_and_weak_rows():
 
 
 def test_ragged_counts_take_the_likeliest_drafts_wherever_they_are():
-    flat = lambda tokens, width: 1.0 + 0.1 * (tokens - 3)  # noqa: E731 - 3 rows; each extra token +10%
+    flat = lambda tokens, width, drafting: 1.0 + 0.1 * (tokens - 3)  # noqa: E731 - 3 rows; each extra token +10%
     counts = choose_counts([[0.9, 0.8, 0.05], [0.02], [0.7, 0.6]], flat, 256)
     assert counts == [2, 0, 2]  # the strong rows' leading drafts; the weak tail and weak row stay out
     assert choose_counts([[0.01], [0.02]], flat, 256) == [0, 0]  # nothing pays: plain step
     assert sum(choose_counts([[0.9] * 8] * 3, flat, 7)) == 4  # 3 roots + 4 drafts = the cap
-    wide = lambda tokens, width: 1.0 + 0.5 * (width - 1)  # noqa: E731 - only the widest tree costs
+    wide = lambda tokens, width, drafting: 1.0 + 0.5 * (width - 1)  # noqa: E731 - only the widest tree costs
     assert choose_counts([[0.9, 0.9, 0.9], [0.9, 0.9, 0.9]], wide, 256) == [3, 3]  # width bought once, used twice
+    per_row = lambda tokens, width, drafting: 1.0 + 0.6 * drafting  # noqa: E731 - each drafting row costs a call
+    assert choose_counts([[0.9, 0.9, 0.9], [0.5, 0.5]], per_row, 256) == [3, 0]  # the second row's call is not worth it

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from lookahead.attention import split_attention
 from lookahead.draft import DraftTree
 from lookahead.runner import ModelRunner
 
@@ -14,10 +15,13 @@ TREES = [
     DraftTree([4, 4], [-1, 0], [0, 1], [1.0] * 2),  # a chain of one draft
 ]
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [2, 7], [6, 6, 6, 6]]  # different lengths: KV rows diverge
+# One row of five drafting: attention goes row by row (attention.split_attention), not in the padded layout.
+SPLIT_TREES = [TREES[1], TREES[0], TREES[1], DraftTree([7], [-1], [0], [1.0]), TREES[1]]
+SPLIT_PROMPTS = PROMPTS + [[8, 1, 1], [5]]
 
 
 def batch(runner, prompts):
-    cache = runner.new_batch_cache(4)
+    cache = runner.new_batch_cache(len(prompts))
     for p in prompts:
         single = runner.new_cache(len(p) + 8)
         runner.prefill(single, p)
@@ -26,16 +30,19 @@ def batch(runner, prompts):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "glm"])
-def test_ragged_forward_equals_padded_and_alone(family):
+@pytest.mark.parametrize("trees,prompts,split", [(TREES, PROMPTS, False), (SPLIT_TREES, SPLIT_PROMPTS, True)],
+                         ids=["padded-attention", "split-attention"])
+def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, split):
     runner = ModelRunner(tiny(family))
     runner.check_tree_masks()
     assert runner.ragged
-    width = max(len(t.tokens) for t in TREES)
-    padded = runner.verify_batch(batch(runner, PROMPTS), TREES, width, ragged=False)
-    cache = batch(runner, PROMPTS)
-    ragged = runner.verify_batch(cache, TREES, width, ragged=True)
-    assert cache.plan.ragged and cache.plan.tokens == sum(len(t.tokens) for t in TREES)
-    for b, (tree, prompt) in enumerate(zip(TREES, PROMPTS)):
+    assert split_attention(len(trees), sum(len(t.tokens) > 1 for t in trees)) == split
+    width = max(len(t.tokens) for t in trees)
+    padded = runner.verify_batch(batch(runner, prompts), trees, width, ragged=False)
+    cache = batch(runner, prompts)
+    ragged = runner.verify_batch(cache, trees, width, ragged=True)
+    assert cache.plan.ragged and cache.plan.tokens == sum(len(t.tokens) for t in trees)
+    for b, (tree, prompt) in enumerate(zip(trees, prompts)):
         n = len(tree.tokens)
         assert ragged[b].shape[0] == n
         torch.testing.assert_close(ragged[b], padded[b][:n], atol=1e-4, rtol=1e-4)
