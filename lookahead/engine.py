@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 
-from .attention import split_attention
+from .attention import SPLIT_ROW_SHARE, split_attention
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_counts, choose_width
@@ -380,15 +380,16 @@ class Engine:
         on rows x width tokens. In a ragged one the linear layers run on
         `tokens` only. Its attention goes row by row when few rows draft
         (`attention.split_attention`): then every query attends only its own
-        row, as on the curve, and the price is curve(tokens) (within ~5% on
-        SmolLM2, 4-16 rows at ~650 tokens of context). Otherwise attention
+        row, as on the curve, and the price is curve(tokens) plus each
+        drafting row's own attention calls (`SPLIT_ROW_SHARE` of a one-token
+        forward each). Otherwise attention
         spans rows x width, and the mean of the two prices lands within ~15%
         (on the dear side) of the real time (8 rows at 700 tokens of context).
         """
         if not ragged:
             return curve(rows * width)
         if split_attention(rows, drafting):
-            return curve(tokens)
+            return curve(tokens) + drafting * SPLIT_ROW_SHARE * curve(1)
         return (curve(tokens) + curve(rows * width)) / 2
 
     def _observe(self, shape: tuple[int, int, bool], ms: float, predicted: float) -> None:

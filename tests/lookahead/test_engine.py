@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.attention import SPLIT_ROW_SHARE
 from lookahead.engine import Engine
 from lookahead.policy import CostModel
 from lookahead.runner import ModelRunner
@@ -224,14 +225,15 @@ def test_forward_costs_switch_to_measured_forward_times():
     assert padded(8, 4, 2) == 18 / 12
     # Ragged, both rows drafting: linears on the 5 real tokens, attention over 2 x 4; priced halfway between.
     assert engine._relative_cost(2, curve, ragged=True)(5, 4, 2) == (15 + 18) / 2 / 12
-    # Ragged, one row of four drafting: attention goes row by row, so only the 6 real tokens count.
-    assert engine._relative_cost(4, curve, ragged=True)(6, 3, 1) == 16 / 14
+    # Ragged, one row of four drafting: attention goes row by row, so the 6 real tokens count, plus that row's calls.
+    split = (16 + SPLIT_ROW_SHARE * 11) / 14
+    assert engine._relative_cost(4, curve, ragged=True)(6, 3, 1) == split
     for _ in range(3):
         engine._observe((2, 1, False), 12.0, predicted=12.0)
         engine._observe((2, 4, False), 36.0, predicted=18.0)  # 2-row forwards 4 wide really cost twice the price
     assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4, 2) - 3.0) < 1e-9
     assert engine._relative_cost(2, curve, ragged=False)(4, 2, 2) == 14 / 12  # width 2 unmeasured: still the model
-    assert engine._relative_cost(4, curve, ragged=True)(6, 4, 1) == 16 / 14  # split shapes are measured apart
+    assert engine._relative_cost(4, curve, ragged=True)(6, 4, 1) == split  # split shapes are measured apart
 
 
 def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossless():
