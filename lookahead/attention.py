@@ -49,10 +49,12 @@ class RaggedQueries:
     counts: list[int]  # [rows] each row's tree tokens (packed row after row)
     lengths: list[int]  # [rows] each row's committed KV entries (its tree starts there)
     starts: list[int] = field(init=False)  # [rows] where each row's tokens begin in the packed sequence
+    roots: torch.Tensor = field(init=False)  # [rows] the same, as an index on the forward's device
     split: bool = field(init=False)  # attend row by row (`split_attention`), not in the padded layout
 
     def __post_init__(self) -> None:
         self.starts = [0, *accumulate(self.counts[:-1])]
+        self.roots = torch.tensor(self.starts, device=self.row_of.device)
         self.split = split_attention(self.rows, sum(c > 1 for c in self.counts))
 
 
@@ -101,9 +103,9 @@ def _split_sdpa(module, query, key, value, attention_mask, scaling, layout: Ragg
     _, heads, tokens, d = query.shape
     counts, lengths, starts = layout.counts, layout.lengths, layout.starts
     out = query.new_empty((tokens, heads, d))
-    root_q = query[0, :, starts].transpose(0, 1)[:, :, None]  # [rows, heads, 1, d]
+    root_q = query[0, :, layout.roots].transpose(0, 1)[:, :, None]  # [rows, heads, 1, d]
     root_out, _ = _tree_sdpa(module, root_q, key, value, attention_mask[:, :, :1], scaling=scaling)
-    out[starts] = root_out[:, 0]
+    out[layout.roots] = root_out[:, 0]
     for b, c in enumerate(counts):
         if c == 1:
             continue

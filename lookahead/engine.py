@@ -29,7 +29,7 @@ from .attention import SPLIT_ROW_SHARE, split_attention
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_counts, choose_width
-from .payoff import Payoff
+from .payoff import Payoff, size_class
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
@@ -116,6 +116,8 @@ class Engine:
         self.forward_tokens = 0  # rows x width, summed over decode forwards
         # (rows, width, split attention) -> (EMA of measured ms / model ms, samples)
         self._forward_ms: dict[tuple[int, int, bool], tuple[float, int]] = {}
+        # (size class of the batch, drafted?) -> EMA of a decode step's host-side ms: everything but the forward
+        self._host_ms: dict[tuple[int, bool], float] = {}
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -324,7 +326,9 @@ class Engine:
         self.cache.commit(keeps)
         # A request's first proposal builds its trie: a one-off, kept out of what a drafting step costs.
         built = sum(seq.trie_build_s for seq in running) - builds
-        self.payoff.record(n, tokens > n, delivered, time.perf_counter() - t0 - built)
+        step_s = time.perf_counter() - t0 - built
+        self.payoff.record(n, tokens > n, delivered, step_s)
+        self._observe_host((size_class(n), tokens > n), (step_s - (t2 - t1)) * 1e3)
         for row in sorted(done, reverse=True):
             seq = running[row]
             self._release(row)
@@ -398,6 +402,17 @@ class Engine:
         ema, k = self._forward_ms.get(shape, (ratio, 0))
         self._forward_ms[shape] = (ema + (ratio - ema) * max(0.2, 1 / (k + 1)), k + 1)
 
+    def _observe_host(self, kind: tuple[int, bool], ms: float) -> None:
+        seen = self._host_ms.get(kind)
+        self._host_ms[kind] = ms if seen is None else seen + (ms - seen) * 0.1
+
+    def _drafting_host_ms(self, rows: int) -> float:
+        """What a drafting step's host-side work (accepting, learning, moving KV entries of accepted branches)
+        has cost beyond a plain step's, at this batch size: ~1-3 ms on the 2-core CPU, in no forward's price."""
+        c = size_class(rows)
+        drafting, plain = self._host_ms.get((c, True)), self._host_ms.get((c, False))
+        return max(0.0, drafting - plain) if drafting is not None and plain is not None else 0.0
+
     def _correction(self, shape: tuple[int, int, bool]) -> float:
         seen = self._forward_ms.get(shape)
         return seen[0] if seen and seen[1] >= self.TRUST_AFTER else 1.0
@@ -407,13 +422,17 @@ class Engine:
 
         The start-up model (`_model_ms`), corrected per (rows, width, split)
         shape by how far the forwards of that shape timed while serving were
-        off it. Only ratios matter to the budget, and ratios survive the
-        machine's speed drifting.
+        off it, plus the host-side work a drafting step measurably adds
+        (`_drafting_host_ms`). Only ratios matter to the budget, and ratios
+        survive the machine's speed drifting.
         """
         plain = self._model_ms(curve, rows, rows, 1, ragged, 0) * self._correction((rows, 1, False))
+        host = self._drafting_host_ms(rows)
 
         def cost(tokens: int, width: int, drafting: int) -> float:
+            if tokens <= rows:
+                return 1.0
             shape = (rows, width, ragged and split_attention(rows, drafting))
-            return self._model_ms(curve, rows, tokens, width, ragged, drafting) * self._correction(shape) / plain
+            return (self._model_ms(curve, rows, tokens, width, ragged, drafting) * self._correction(shape) + host) / plain
 
         return cost

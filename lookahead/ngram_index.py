@@ -19,6 +19,11 @@ Appending tokens (the request's output) re-sorts nothing: the n-grams still
 growing at the end are taken out and put back longer, and the new ones are
 inserted, each by binary search.
 
+One difference a caller can see: `children` come in token-id order, where a
+trie's come in the order first seen, so a proposal breaks ties between equally
+frequent continuations by token id. Measured accepted tokens per step did not
+move (SmolLM2 at concurrency 1: humaneval 2.79 -> 2.78, narrativeqa 1.80 -> 1.78).
+
 Nodes read the list as it was when `find` returned them; use them before the
 next `extend`. Pure Python; no torch.
 """

@@ -234,6 +234,11 @@ def test_forward_costs_switch_to_measured_forward_times():
     assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4, 2) - 3.0) < 1e-9
     assert engine._relative_cost(2, curve, ragged=False)(4, 2, 2) == 14 / 12  # width 2 unmeasured: still the model
     assert engine._relative_cost(4, curve, ragged=True)(6, 4, 1) == split  # split shapes are measured apart
+    # Host-side work: drafting steps of 2 rows have taken 3 ms more than plain ones outside the forward.
+    engine._observe_host((2, False), 1.0)
+    engine._observe_host((2, True), 4.0)
+    assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4, 2) - (36 + 3) / 12) < 1e-9
+    assert engine._relative_cost(2, curve, ragged=False)(2, 1, 0) == 1.0  # a plain step pays none of it
 
 
 def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossless():
