@@ -297,7 +297,7 @@ class Engine:
         n = len(running)
         t0 = time.perf_counter()
         allow = self.payoff.allow(n)
-        builds = sum(seq.trie_build_s for seq in running)
+        builds = sum(seq.index_build_s for seq in running)
         trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
         curve = d.cost.curve_at(sum(len(seq.ctx) for seq in running) // n)  # forward cost at this context
         counts = self._budget(running, trees, curve)
@@ -324,8 +324,8 @@ class Engine:
             if seq.finished:
                 done.append(row)
         self.cache.commit(keeps)
-        # A request's first proposal builds its trie: a one-off, kept out of what a drafting step costs.
-        built = sum(seq.trie_build_s for seq in running) - builds
+        # A request's first proposal indexes its n-grams: a one-off, kept out of what a drafting step costs.
+        built = sum(seq.index_build_s for seq in running) - builds
         step_s = time.perf_counter() - t0 - built
         self.payoff.record(n, tokens > n, delivered, step_s)
         self._observe_host((size_class(n), tokens > n), (step_s - (t2 - t1)) * 1e3)
@@ -374,7 +374,7 @@ class Engine:
         return [min(c, width) for c in counts]
 
     # ---- forward costs measured while serving ----------------------------
-    TRUST_AFTER = 3  # forwards of one (rows, width) shape before its measured correction is used
+    TRUST_AFTER = 3  # forwards of one (rows, width, split) shape before its measured correction is used
 
     @staticmethod
     def _model_ms(curve, rows: int, tokens: int, width: int, ragged: bool, drafting: int) -> float:
@@ -403,6 +403,7 @@ class Engine:
         self._forward_ms[shape] = (ema + (ratio - ema) * max(0.2, 1 / (k + 1)), k + 1)
 
     def _observe_host(self, kind: tuple[int, bool], ms: float) -> None:
+        """Record a decode step's host-side time (all but its forward), per (size class, drafted?)."""
         seen = self._host_ms.get(kind)
         self._host_ms[kind] = ms if seen is None else seen + (ms - seen) * 0.1
 

@@ -120,7 +120,7 @@ class ModelRunner:
                                          counts, list(cache.lengths))
         with torch.inference_mode(), self._active(layout):
             out = self.model(input_ids=inputs.input_ids[plan.row_of, slot_of][None],
-                             attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention stays padded
+                             attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
                              position_ids=inputs.position_ids[plan.row_of, slot_of][None], **kwargs)
         return list(out.logits[0].float().split(counts))
 

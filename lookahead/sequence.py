@@ -70,7 +70,7 @@ class Sequence:
         self.drafting = self.la.enabled and self.la.decoding_length > 0
         self._local = NGramIndex(self.la.branch_length + 1, self.la.stop_words)
         self._local_len = 0  # tokens of ctx already in the local index: it is built on first use (see `local`)
-        self.trie_build_s = 0.0  # time spent catching the local index up (a one-off, not a step's own cost)
+        self.index_build_s = 0.0  # time spent catching the local index up (a one-off, not a step's own cost)
         self.generator = None
         if self.sampling.do_sample:
             self.generator = torch.Generator()
@@ -96,7 +96,7 @@ class Sequence:
             t0 = time.perf_counter()
             self._local.extend(self.ctx, self._local_len, len(self.ctx))
             self._local_len = len(self.ctx)
-            self.trie_build_s += time.perf_counter() - t0
+            self.index_build_s += time.perf_counter() - t0
         return self._local
 
     @property
