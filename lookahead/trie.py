@@ -9,11 +9,12 @@ Vocabulary (after PIA Lookahead, KDD 2024):
 - stop word: a token id that never starts an n-gram (punctuation, say), so it
   never opens a branch.
 
-Two kinds of trie serve a request. A per-request `TokenTrie` holds the prompt
-and the request's own output so far; nothing else sees it (PIA keeps prompts in
-one shared slot, so concurrent requests wipe each other's branches). The
-shared `TokenTrie` with `max_nodes` set is the output memory: n-grams of
-finished outputs, bounded hard by node count, evicted by frequency decay.
+This trie, with `max_nodes` set, is the shared output memory: n-grams of
+finished outputs, bounded hard by node count, evicted by frequency decay. A
+request's own prompt and output so far live in its `NGramIndex`
+(`ngram_index.py`), which answers the same lookups; nothing else sees it (PIA
+keeps prompts in one shared slot, so concurrent requests wipe each other's
+branches).
 
 Pure Python; no torch.
 """
@@ -47,12 +48,6 @@ class TokenTrie:
         self.root = TrieNode()
         self.node_count = 0
         self.evictions = 0
-        self._forget_open()
-
-    def _forget_open(self) -> None:
-        self._open: list[tuple[TrieNode, int]] = []  # (deepest node, depth) of the n-grams still growing
-        self._open_seq: Sequence[int] | None = None  # ...at the end of this sequence
-        self._open_len = -1  # ...of this length
 
     # ---- insertion -------------------------------------------------------
     def _insert_path(self, tokens: Sequence[int], count_from: int, weight: float) -> TrieNode:
@@ -79,18 +74,16 @@ class TokenTrie:
         it covered min(n, old_len - s) tokens; only its new depths are counted, so
         an n-gram counts once however many steps it took to arrive.
 
-        The n-grams still growing at the end of `seq` are kept open (their
-        deepest nodes), so the next extension of the same sequence adds one
-        child per open n-gram per new token instead of walking every path from
-        the root again: ~n dictionary steps per token rather than ~n^2 / 2.
+        The n-grams still growing are tracked by their deepest nodes, so each
+        new token adds one child per growing n-gram instead of walking every
+        path from the root again: ~n dictionary steps per token rather than
+        ~n^2 / 2.
         """
         n = self.ngram_length
         stop = self.stop_words
-        if seq is self._open_seq and old_len == self._open_len:
-            growing = self._open
-        else:  # another sequence, or a gap: find the open n-grams' nodes (created uncounted if evicted)
-            growing = [(self._insert_path(seq[s:old_len], old_len - s, weight), old_len - s)
-                       for s in range(max(0, old_len - n + 1), old_len) if seq[s] not in stop]
+        # the n-grams cut short at old_len: their nodes (created uncounted if evicted since)
+        growing = [(self._insert_path(seq[s:old_len], old_len - s, weight), old_len - s)
+                   for s in range(max(0, old_len - n + 1), old_len) if seq[s] not in stop]
         for i in range(old_len, new_len):
             tok = seq[i]
             if tok not in stop:
@@ -105,7 +98,6 @@ class TokenTrie:
                 if depth + 1 < n:
                     grown.append((child, depth + 1))
             growing = grown
-        self._open, self._open_seq, self._open_len = growing, seq, new_len
         if self.max_nodes is not None and self.node_count > self.max_nodes:
             self.evict(int(self.max_nodes * self.low_water))
 
@@ -126,7 +118,6 @@ class TokenTrie:
         descendants with it. Repeated decay drives every count under 1, so the
         loop ends.
         """
-        self._forget_open()  # pruning may drop the open n-grams' nodes
         while self.node_count > target_nodes:
             self.evictions += 1
             self.node_count = _decay_and_prune(self.root, self.decay, 1.0)
@@ -134,7 +125,6 @@ class TokenTrie:
     def clear(self) -> None:
         self.root = TrieNode()
         self.node_count = 0
-        self._forget_open()
 
 
 def _decay_and_prune(root: TrieNode, decay: float, floor: float) -> int:
