@@ -6,7 +6,8 @@ At each level the engine serves the prompts with N always in flight (a
 finished request is replaced by the next prompt), with lookahead on and off,
 each run from an empty trie and a fresh engine (so an empty prefix cache).
 With `--repeats R` the arms alternate on/off, off/on, ... and each arm's runs
-are pooled. Every output is compared with plain `model.generate` of that
+are pooled; `--min-seconds S` adds rounds, in pairs, to a level until each
+arm has run S seconds there. Every output is compared with plain `model.generate` of that
 prompt alone.
 """
 
@@ -80,16 +81,24 @@ def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: 
 
 
 def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],
-               levels: list[int], stop: StopCriteria, sched: SchedulerConfig, report, repeats: int = 1) -> list[dict]:
+               levels: list[int], stop: StopCriteria, sched: SchedulerConfig, report, repeats: int = 1,
+               min_seconds: float = 0.0) -> list[dict]:
     """Each level: the arms alternate on, off, off, on, ... over `repeats` rounds, so a drift in the
-    machine's speed lands on both arms alike; each arm's repeats are pooled."""
+    machine's speed lands on both arms alike; each arm's repeats are pooled.
+
+    With `min_seconds`, a level whose arms ran shorter than that gets more rounds, two at a time (so
+    each arm still goes first equally often): a level of 16 requests at once is one ~12 s wave on the
+    2-core CPU, against ~70 s for one request at a time, and timing noise weighs on it that much more.
+    """
     arms = {"on": decoder.config, "off": LookaheadConfig(enabled=False)}
     out = []
     for n in levels:
         runs: dict[str, list[LevelRun]] = {"on": [], "off": []}
-        for r in range(repeats):
+        r = 0
+        while not _enough(r, runs, repeats, min_seconds):
             for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 runs[name].append(run_level(decoder, prompts, n, stop, arms[name], sched))
+            r += 1
         identical = all(g.tokens == ref for name in runs for run in runs[name]
                         for g, ref in zip(run.outputs, references))
         on, off = LevelRun.merged(runs["on"]), LevelRun.merged(runs["off"])
@@ -99,13 +108,21 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
             "off_tok_s": off.tok_s,
             "ratio": on.tok_s / off.tok_s,
             "identical": identical,
-            "repeats": repeats,
+            "repeats": r,
             "on": on.as_json(),
             "off": off.as_json(),
         }
         report(level)
         out.append(level)
     return out
+
+
+def _enough(rounds: int, runs: dict[str, list[LevelRun]], repeats: int, min_seconds: float) -> bool:
+    if rounds < repeats:
+        return False
+    if not min_seconds:
+        return True
+    return rounds % 2 == 0 and min(sum(run.wall_s for run in arm) for arm in runs.values()) >= min_seconds
 
 
 def print_level(level: dict) -> None:

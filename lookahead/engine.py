@@ -25,14 +25,15 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 
-from .attention import SPLIT_ROW_SHARE, split_attention
+from .attention import split_attention
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .policy import choose_counts, choose_width
-from .payoff import Payoff, size_class
+from .payoff import Payoff
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
+from .step_price import StepPrices, model_ms
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +115,7 @@ class Engine:
         self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
-        # (rows, width, split attention) -> (EMA of measured ms / model ms, samples)
-        self._forward_ms: dict[tuple[int, int, bool], tuple[float, int]] = {}
-        # (size class of the batch, drafted?) -> EMA of a decode step's host-side ms: everything but the forward
-        self._host_ms: dict[tuple[int, bool], float] = {}
+        self.prices = StepPrices()  # the start-up cost curve, corrected by the forwards timed while serving
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -300,7 +298,7 @@ class Engine:
         builds = sum(seq.index_build_s for seq in running)
         trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
         curve = d.cost.curve_at(sum(len(seq.ctx) for seq in running) // n)  # forward cost at this context
-        counts = self._budget(running, trees, curve)
+        counts, priced_out = self._budget(running, trees, curve)
         trees = [t.truncated(c - 1) for t, c in zip(trees, counts)]
         width = max(len(t.tokens) for t in trees)
         ragged = self.ragged
@@ -311,7 +309,7 @@ class Engine:
         t2 = time.perf_counter()
         self.forward_tokens += tokens
         split = ragged and split_attention(n, drafting)
-        self._observe((n, width, split), (t2 - t1) * 1e3, self._model_ms(curve, n, tokens, width, ragged, drafting))
+        self.prices.observe_forward((n, width, split), (t2 - t1) * 1e3, model_ms(curve, n, tokens, width, ragged, drafting))
         keeps, done, delivered = [], [], 0
         for row, (seq, tree) in enumerate(zip(running, trees)):
             acc = seq.choose(tree, logits[row])
@@ -327,15 +325,20 @@ class Engine:
         # A request's first proposal indexes its n-grams: a one-off, kept out of what a drafting step costs.
         built = sum(seq.index_build_s for seq in running) - builds
         step_s = time.perf_counter() - t0 - built
-        self.payoff.record(n, tokens > n, delivered, step_s)
-        self._observe_host((size_class(n), tokens > n), (step_s - (t2 - t1)) * 1e3)
+        self.payoff.record(n, tokens > n, delivered, step_s, priced_out)
+        self.prices.observe_host(n, tokens > n, (step_s - (t2 - t1)) * 1e3)
         for row in sorted(done, reverse=True):
             seq = running[row]
             self._release(row)
             self._finish(seq, seq.finish_reason)
 
-    def _budget(self, running: list[Sequence], trees, curve) -> list[int]:
-        """Tree tokens (root included) each row verifies this step.
+    # A calibrated draft probability at which a declined draft was declined for its price, not for a weak match:
+    # SmolLM2's narrativeqa drafts rated 0.2-0.3 are taken at 1-4 rows and declined at 9-16.
+    LIKELY = 0.2
+
+    def _budget(self, running: list[Sequence], trees, curve) -> tuple[list[int], bool]:
+        """Tree tokens (root included) each row verifies this step, and whether the adaptive rows held a
+        likely draft (`LIKELY`) yet all went plain: priced out (`Payoff`).
 
         Fixed-budget rows keep their whole trees. Adaptive rows share the step
         by expected gain: in a ragged forward each row sends only its own
@@ -349,11 +352,13 @@ class Engine:
         adaptive = [b for b, seq in enumerate(running) if seq.la.adaptive]
         counts = [1 if b in adaptive else full[b] for b in range(n)]
         ragged = self.ragged
+        likely = False
         if adaptive and any(full[b] > 1 for b in adaptive):
             cal = self.decoder.calibration
             probs = [[p * running[b].draft_factor(cal, trees[b].match_length) for p in trees[b].probs[1:]]
                      for b in adaptive]
-            cost = self._relative_cost(n, curve, ragged)
+            likely = any(p and p[0] >= self.LIKELY for p in probs)
+            cost = self.prices.relative_cost(n, curve, ragged)
             if ragged:
                 other = sum(counts) - len(adaptive)  # the fixed-budget rows' tokens
                 fixed_width = max((counts[b] for b in range(n) if b not in adaptive), default=1)
@@ -369,71 +374,7 @@ class Engine:
         if ragged:
             while sum(counts) > cap and max(counts) > 1:  # fixed-budget rows over the cap: trim the widest
                 counts[counts.index(max(counts))] -= 1
-            return counts
-        width = max(1, min(max(counts), cap // n))
-        return [min(c, width) for c in counts]
-
-    # ---- forward costs measured while serving ----------------------------
-    TRUST_AFTER = 3  # forwards of one (rows, width, split) shape before its measured correction is used
-
-    @staticmethod
-    def _model_ms(curve, rows: int, tokens: int, width: int, ragged: bool, drafting: int) -> float:
-        """The start-up curve's price of a batch forward (`drafting`: rows sending more than their root).
-
-        The curve was measured on one row. In a padded forward everything runs
-        on rows x width tokens. In a ragged one the linear layers run on
-        `tokens` only. Its attention goes row by row when few rows draft
-        (`attention.split_attention`): then every query attends only its own
-        row, as on the curve, and the price is curve(tokens) plus each
-        drafting row's own attention calls (`SPLIT_ROW_SHARE` of a one-token
-        forward each). Otherwise attention
-        spans rows x width, and the mean of the two prices lands within ~15%
-        (on the dear side) of the real time (8 rows at 700 tokens of context).
-        """
-        if not ragged:
-            return curve(rows * width)
-        if split_attention(rows, drafting):
-            return curve(tokens) + drafting * SPLIT_ROW_SHARE * curve(1)
-        return (curve(tokens) + curve(rows * width)) / 2
-
-    def _observe(self, shape: tuple[int, int, bool], ms: float, predicted: float) -> None:
-        """Record how far a forward's time was from the model's price, per (rows, width, split) shape."""
-        ratio = ms / predicted
-        ema, k = self._forward_ms.get(shape, (ratio, 0))
-        self._forward_ms[shape] = (ema + (ratio - ema) * max(0.2, 1 / (k + 1)), k + 1)
-
-    def _observe_host(self, kind: tuple[int, bool], ms: float) -> None:
-        """Record a decode step's host-side time (all but its forward), per (size class, drafted?)."""
-        seen = self._host_ms.get(kind)
-        self._host_ms[kind] = ms if seen is None else seen + (ms - seen) * 0.1
-
-    def _drafting_host_ms(self, rows: int) -> float:
-        """What a drafting step's host-side work (accepting, learning, moving KV entries of accepted branches)
-        has cost beyond a plain step's, at this batch size: ~1-3 ms on the 2-core CPU, in no forward's price."""
-        c = size_class(rows)
-        drafting, plain = self._host_ms.get((c, True)), self._host_ms.get((c, False))
-        return max(0.0, drafting - plain) if drafting is not None and plain is not None else 0.0
-
-    def _correction(self, shape: tuple[int, int, bool]) -> float:
-        seen = self._forward_ms.get(shape)
-        return seen[0] if seen and seen[1] >= self.TRUST_AFTER else 1.0
-
-    def _relative_cost(self, rows: int, curve, ragged: bool):
-        """cost(tokens, width, drafting) of a forward of all rows, relative to a plain step of the same rows.
-
-        The start-up model (`_model_ms`), corrected per (rows, width, split)
-        shape by how far the forwards of that shape timed while serving were
-        off it, plus the host-side work a drafting step measurably adds
-        (`_drafting_host_ms`). Only ratios matter to the budget, and ratios
-        survive the machine's speed drifting.
-        """
-        plain = self._model_ms(curve, rows, rows, 1, ragged, 0) * self._correction((rows, 1, False))
-        host = self._drafting_host_ms(rows)
-
-        def cost(tokens: int, width: int, drafting: int) -> float:
-            if tokens <= rows:
-                return 1.0
-            shape = (rows, width, ragged and split_attention(rows, drafting))
-            return (self._model_ms(curve, rows, tokens, width, ragged, drafting) * self._correction(shape) + host) / plain
-
-        return cost
+        else:
+            width = max(1, min(max(counts), cap // n))
+            counts = [min(c, width) for c in counts]
+        return counts, likely and all(counts[b] == 1 for b in adaptive)

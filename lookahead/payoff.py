@@ -12,6 +12,12 @@ drafting steps come out clearly slower than plain ones (below `margin`, to
 stay out of the timing noise), drafting is switched
 off in that class (rows do not even build their trees) and probed again
 every `probe_every` steps, so a change in load or in the text brings it back.
+The same goes for a class where the budget keeps pricing drafts out: after
+`min_steps` steps in a row whose rows held drafts it rated likely but found
+too dear, its rows stop building trees the budget would not use (~0.3 ms a
+row per step on the 2-core CPU, proposing and pricing), again with a probe
+every `probe_every` steps. Steps declined for weak matches say nothing:
+they are about the text, not the batch size.
 
 On a compute-bound CPU this is what keeps lookahead from ever costing
 throughput at high concurrency: wide batches already use the cores, drafts
@@ -58,6 +64,7 @@ class Payoff:
     _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (drafting steps, plain steps)
     _skipped: dict[int, int] = field(default_factory=dict)  # size class -> steps kept plain since the last probe
     _seen: dict[int, int] = field(default_factory=dict)  # size class -> steps asked about
+    _priced_out: dict[int, int] = field(default_factory=dict)  # size class -> steps in a row that priced drafts out
 
     def rates(self, rows: int) -> tuple[Rate, Rate]:
         c = size_class(rows)
@@ -77,15 +84,16 @@ class Payoff:
 
         Yes while drafting pays (or is not yet measured), except that a class
         whose drafting steps have no plain steps to be compared with takes
-        every `reference_every`-th step plainly. No while it loses, except a
-        probe every `probe_every` steps.
+        every `reference_every`-th step plainly. No while it loses, or while
+        the budget has priced every likely draft out lately, except a probe
+        every `probe_every` steps.
         """
         c = size_class(rows)
         drafting, plain = self.rates(rows)
         self._seen[c] = self._seen.get(c, 0) + 1
         if self.reference_every and drafting.steps >= self.min_steps and plain.steps < self.min_steps:
             return self._seen[c] % self.reference_every != 0
-        if self.pays(rows):
+        if self.pays(rows) and self._priced_out.get(c, 0) < self.min_steps:
             self._skipped[c] = 0
             return True
         self._skipped[c] = self._skipped.get(c, 0) + 1
@@ -94,7 +102,13 @@ class Payoff:
             return True
         return False
 
-    def record(self, rows: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """One decode step: did it verify drafts, how many tokens it delivered, its whole time."""
+    def record(self, rows: int, drafted: bool, tokens: int, seconds: float, priced_out: bool = False) -> None:
+        """One decode step: did it verify drafts, how many tokens it delivered, its whole time; `priced_out`:
+        its rows held drafts the budget rated likely and declined for their price."""
         drafting, plain = self.rates(rows)
         (drafting if drafted else plain).add(tokens, seconds, self.decay)
+        c = size_class(rows)
+        if drafted:
+            self._priced_out[c] = 0
+        elif priced_out:
+            self._priced_out[c] = self._priced_out.get(c, 0) + 1

@@ -159,7 +159,9 @@ class Sequence:
         old = len(self.ctx)
         self.ctx.extend(emitted)
         if self.drafting:
-            if self._local_len == old:  # a built index stays current; an unbuilt one catches up on first use
+            # A proposing row's index stays current; an unbuilt one, or one whose row was kept plain (the
+            # engine's payoff check), catches up on its next use.
+            if self._local_len == old and self._proposal is not None:
                 self._local.extend(self.ctx, old, len(self.ctx))
                 self._local_len = len(self.ctx)
             if tree.num_drafts:

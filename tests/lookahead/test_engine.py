@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
-from lookahead.attention import SPLIT_ROW_SHARE
 from lookahead.engine import Engine
 from lookahead.policy import CostModel
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
+from lookahead.sequence import Sequence
 
 from .test_lossless_architectures import hf_greedy
 from .tiny_models import tiny
@@ -218,29 +218,6 @@ def test_a_failed_forward_fails_only_the_requests_in_flight(monkeypatch):
     assert drain(engine, [queued])[0].tokens == hf_greedy(model, PROMPTS[2], 20)  # the engine kept serving
 
 
-def test_forward_costs_switch_to_measured_forward_times():
-    _, engine = make_engine()
-    curve = lambda tokens: 10.0 + tokens  # noqa: E731 - the start-up model: 2 rows, 8 tokens = 18 ms vs 12 ms
-    padded = engine._relative_cost(2, curve, ragged=False)
-    assert padded(8, 4, 2) == 18 / 12
-    # Ragged, both rows drafting: linears on the 5 real tokens, attention over 2 x 4; priced halfway between.
-    assert engine._relative_cost(2, curve, ragged=True)(5, 4, 2) == (15 + 18) / 2 / 12
-    # Ragged, one row of four drafting: attention goes row by row, so the 6 real tokens count, plus that row's calls.
-    split = (16 + SPLIT_ROW_SHARE * 11) / 14
-    assert engine._relative_cost(4, curve, ragged=True)(6, 3, 1) == split
-    for _ in range(3):
-        engine._observe((2, 1, False), 12.0, predicted=12.0)
-        engine._observe((2, 4, False), 36.0, predicted=18.0)  # 2-row forwards 4 wide really cost twice the price
-    assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4, 2) - 3.0) < 1e-9
-    assert engine._relative_cost(2, curve, ragged=False)(4, 2, 2) == 14 / 12  # width 2 unmeasured: still the model
-    assert engine._relative_cost(4, curve, ragged=True)(6, 4, 1) == split  # split shapes are measured apart
-    # Host-side work: drafting steps of 2 rows have taken 3 ms more than plain ones outside the forward.
-    engine._observe_host((2, False), 1.0)
-    engine._observe_host((2, True), 4.0)
-    assert abs(engine._relative_cost(2, curve, ragged=False)(8, 4, 2) - (36 + 3) / 12) < 1e-9
-    assert engine._relative_cost(2, curve, ragged=False)(2, 1, 0) == 1.0  # a plain step pays none of it
-
-
 def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossless():
     model, engine = make_engine(adaptive=True)
     engine.payoff.probe_every = 10**6  # no probes in this test
@@ -256,3 +233,22 @@ def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossle
     assert [r.tokens for r in results] == refs
     assert engine.payoff.rates(2)[0].steps == engine.payoff.min_steps  # no 2-row step verified a draft
     assert engine.payoff.rates(2)[1].steps > 5
+
+
+def test_where_the_budget_prices_every_likely_draft_out_rows_stop_proposing_and_stay_lossless(monkeypatch):
+    model, engine = make_engine(adaptive=True)
+    engine.payoff.probe_every = 10**6  # no probes in this test
+    refs = [hf_greedy(model, p, 40) for p in PROMPTS[:2]]
+    for r in refs:
+        engine.decoder.memory.add_sequence(r)  # every row holds likely drafts...
+    too_dear = lambda rows, curve, ragged: lambda tokens, width, drafting: 1.0 if tokens <= rows else 100.0  # noqa: E731
+    monkeypatch.setattr(engine.prices, "relative_cost", too_dear)  # ...that no step can afford
+    proposals = []
+    real = Sequence.propose
+    monkeypatch.setattr(Sequence, "propose",
+                        lambda self, memory: proposals.append(len(engine.scheduler.running)) or real(self, memory))
+    handles = [engine.add_request(p, stop=StopCriteria(40)) for p in PROMPTS[:2]]
+    assert [r.tokens for r in drain(engine, handles)] == refs
+    assert engine.payoff.rates(2)[0].steps == 0  # nothing was drafted
+    # Once both ran, the two rows proposed for min_steps steps; then their priced-out class stopped building trees.
+    assert proposals.count(2) == 2 * engine.payoff.min_steps

@@ -41,3 +41,18 @@ def test_a_class_that_always_drafts_takes_plain_reference_steps_and_sizes_share_
     verdicts = [p.allow(16) for _ in range(8)]
     assert verdicts == [True, True, True, False] * 2
     assert p.rates(9) is p.rates(16) and p.rates(8) is not p.rates(9)
+
+
+def test_where_the_budget_keeps_pricing_drafts_out_rows_stop_building_trees_and_are_probed():
+    p = Payoff(min_steps=4, probe_every=5)
+    for _ in range(3):
+        assert p.allow(16)
+        p.record(16, False, 16, 0.1, priced_out=True)  # likely drafts, but too dear at 16 rows
+        p.record(16, False, 16, 0.1)  # weak matches say nothing either way
+    assert p.allow(16)
+    p.record(16, False, 16, 0.1, priced_out=True)  # the 4th in a row
+    verdicts = [p.allow(16) for _ in range(10)]
+    assert verdicts == [False] * 4 + [True] + [False] * 4 + [True]
+    assert p.allow(1)  # other batch sizes are not affected
+    p.record(16, True, 20, 0.1)  # a probe drafted: offers resume
+    assert p.allow(16)

@@ -1,0 +1,43 @@
+"""The concurrency bench's levels: arms alternate, rounds come in pairs up to a minimum time, outputs are checked."""
+
+from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.bench_engine import run_levels
+from lookahead.policy import CostModel
+from lookahead.runner import ModelRunner
+from lookahead.scheduler import SchedulerConfig
+
+from .test_lossless_architectures import hf_greedy
+from .tiny_models import tiny
+
+PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], [2, 9, 2, 9, 2, 9, 2]]
+
+
+def levels(min_seconds=0.0, repeats=1, references=None):
+    model = tiny("llama")
+    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=8, branch_length=4), cost=CostModel.flat())
+    refs = references or [hf_greedy(model, p, 12) for p in PROMPTS]
+    reported = []
+    out = run_levels(dec, PROMPTS, refs, [1, 3], StopCriteria(12), SchedulerConfig(max_batch_size=3), reported.append,
+                     repeats=repeats, min_seconds=min_seconds)
+    assert out == reported
+    return out
+
+
+def test_each_level_compares_both_arms_with_generate():
+    out = levels(repeats=2)
+    assert [l["concurrency"] for l in out] == [1, 3]
+    assert all(l["identical"] and l["repeats"] == 2 for l in out)
+    assert all(l["ratio"] == l["on_tok_s"] / l["off_tok_s"] for l in out)
+
+
+def test_a_wrong_reference_is_reported_as_different():
+    assert not any(l["identical"] for l in levels(references=[[0] * 12] * len(PROMPTS)))
+
+
+def test_a_short_level_gets_more_rounds_in_pairs():
+    out = levels(min_seconds=0.5)  # a tiny model's level takes well under 0.5 s: rounds are added
+    for l in out:
+        assert l["repeats"] % 2 == 0 and l["repeats"] >= 2
+        assert l["on"]["prompt_tokens"] == l["repeats"] * sum(map(len, PROMPTS))  # every round ran every prompt
+        tokens = l["repeats"] * 12 * len(PROMPTS)
+        assert min(tokens / l["on_tok_s"], tokens / l["off_tok_s"]) >= 0.5  # each arm's pooled runs took 0.5 s
