@@ -94,10 +94,11 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
     out = []
     for n in levels:
         runs: dict[str, list[LevelRun]] = {"on": [], "off": []}
-        r = 0
+        r, order = 0, []
         while not _enough(r, runs, repeats, min_seconds):
             for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 runs[name].append(run_level(decoder, prompts, n, stop, arms[name], sched))
+                order.append({"arm": name, "tok_s": runs[name][-1].tok_s, "wall_s": runs[name][-1].wall_s})
             r += 1
         identical = all(g.tokens == ref for name in runs for run in runs[name]
                         for g, ref in zip(run.outputs, references))
@@ -109,6 +110,7 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
             "ratio": on.tok_s / off.tok_s,
             "identical": identical,
             "repeats": r,
+            "runs": order,  # every run in the order it ran, to see the spread behind the pooled ratio
             "on": on.as_json(),
             "off": off.as_json(),
         }

@@ -115,6 +115,8 @@ class Engine:
         self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
         self.steps = 0
         self.forward_tokens = 0  # rows x width, summed over decode forwards
+        # decode steps by kind: verified drafts / went plain by the budget's choice / held plain by the payoff check
+        self.decode_steps = {"drafting": 0, "plain": 0, "held": 0}
         self.prices = StepPrices()  # the start-up cost curve, corrected by the forwards timed while serving
 
     # ---- API -------------------------------------------------------------
@@ -326,6 +328,7 @@ class Engine:
         built = sum(seq.index_build_s for seq in running) - builds
         step_s = time.perf_counter() - t0 - built
         self.payoff.record(n, tokens > n, delivered, step_s, priced_out)
+        self.decode_steps["drafting" if tokens > n else "plain" if allow else "held"] += 1
         self.prices.observe_host(n, tokens > n, (step_s - (t2 - t1)) * 1e3)
         for row in sorted(done, reverse=True):
             seq = running[row]

@@ -11,6 +11,11 @@ Ray exports them with the rest of its metrics on each node's metrics agent
     ray_lookahead_time_to_first_token_s       histogram: job admitted -> first token
     ray_lookahead_requests_total              by `status`: ok | cancelled | error | rejected
     ray_lookahead_engine_queue                requests waiting + running in the engine
+    ray_lookahead_prompt_tokens_total         prompt tokens of finished requests
+    ray_lookahead_cached_prompt_tokens_total  of those, taken from the prefix cache (hit rate: the ratio)
+    ray_lookahead_decode_steps_total          engine decode steps by `kind`: drafting (verified drafts) |
+                                              plain (the budget found no draft worth its price) |
+                                              held (the payoff check kept the batch plain: nothing proposed)
 """
 
 from ray.serve.metrics import Counter, Gauge, Histogram
@@ -26,12 +31,22 @@ class ReplicaMetrics:
                               boundaries=[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0], tag_keys=("model",))
         self.requests = Counter("lookahead_requests", "Requests by final status", tag_keys=("model", "status"))
         self.queue = Gauge("lookahead_engine_queue", "Requests waiting and running in the engine", tag_keys=("model",))
+        self.prompt = Counter("lookahead_prompt_tokens", "Prompt tokens of finished requests", tag_keys=("model",))
+        self.cached = Counter("lookahead_cached_prompt_tokens", "Prompt tokens taken from the prefix cache",
+                              tag_keys=("model",))
+        self.steps = Counter("lookahead_decode_steps", "Engine decode steps by kind: drafting | plain | held",
+                             tag_keys=("model", "kind"))
+        self._steps_seen: dict[str, int] = {}
         self.model = model
         self.tags = {"model": model}
 
     def finished(self, status: str, new_tokens: int = 0, draft_tokens: int = 0, per_step: float = 0.0,
-                 first_token_s: float | None = None) -> None:
+                 first_token_s: float | None = None, prompt_tokens: int = 0, cached_prompt_tokens: int = 0) -> None:
         self.requests.inc(tags={"model": self.model, "status": status})
+        if prompt_tokens:
+            self.prompt.inc(prompt_tokens, tags=self.tags)
+        if cached_prompt_tokens:
+            self.cached.inc(cached_prompt_tokens, tags=self.tags)
         if new_tokens:
             self.generated.inc(new_tokens, tags=self.tags)
         if draft_tokens:
@@ -43,3 +58,11 @@ class ReplicaMetrics:
 
     def set_queue(self, queue: float) -> None:
         self.queue.set(queue, tags=self.tags)
+
+    def engine_steps(self, totals: dict[str, int]) -> None:
+        """Bring the step counters up to the engine's running totals (read from its thread; counters only grow)."""
+        for kind, total in totals.items():
+            delta = total - self._steps_seen.get(kind, 0)
+            if delta > 0:
+                self.steps.inc(delta, tags={"model": self.model, "kind": kind})
+                self._steps_seen[kind] = total

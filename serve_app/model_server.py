@@ -89,6 +89,7 @@ class LookaheadModel:
     def record_autoscaling_stats(self) -> dict[str, float]:
         queue = float(self.engine.active_requests)
         self.metrics.set_queue(queue)
+        self.metrics.engine_steps(dict(self.engine.decode_steps))
         return {ENGINE_QUEUE: queue}
 
     def check_health(self) -> None:
@@ -243,7 +244,7 @@ class LookaheadModel:
         tail = detok.finish()
         self._remember(job.request_id, reason)
         self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
-                              st.mean_accepted, first)
+                              st.mean_accepted, first, st.prompt_tokens, st.cached_prompt_tokens)
         events.put_nowait(Event(index, text=tail, finish_reason=reason,
                                 usage=Usage(st.prompt_tokens, st.new_tokens, st.cached_prompt_tokens), lookahead=lookahead_stats(st)))
 

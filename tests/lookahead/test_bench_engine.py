@@ -28,6 +28,7 @@ def test_each_level_compares_both_arms_with_generate():
     assert [l["concurrency"] for l in out] == [1, 3]
     assert all(l["identical"] and l["repeats"] == 2 for l in out)
     assert all(l["ratio"] == l["on_tok_s"] / l["off_tok_s"] for l in out)
+    assert all([r["arm"] for r in l["runs"]] == ["on", "off", "off", "on"] for l in out)  # the arms alternate
 
 
 def test_a_wrong_reference_is_reported_as_different():

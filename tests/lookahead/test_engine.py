@@ -252,3 +252,5 @@ def test_where_the_budget_prices_every_likely_draft_out_rows_stop_proposing_and_
     assert engine.payoff.rates(2)[0].steps == 0  # nothing was drafted
     # Once both ran, the two rows proposed for min_steps steps; then their priced-out class stopped building trees.
     assert proposals.count(2) == 2 * engine.payoff.min_steps
+    steps = engine.decode_steps
+    assert steps["drafting"] == 0 and steps["plain"] >= engine.payoff.min_steps and steps["held"] > 0
