@@ -154,7 +154,7 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
     print(f"generate, one request at a time: {baseline_tok_s:.2f} tok/s", flush=True)
     ids_only = [ids for _, ids in prompts]
     level_rows = run_levels(decoder, ids_only, [r.tokens for r in refs], levels, stop, sched, print_level,
-                            repeats=args.repeats, min_seconds=args.min_seconds)
+                            repeats=args.repeats, min_seconds=args.min_seconds, warmup=args.warmup)
     first = level_rows[0]
     summary = {
         "prompts": len(prompts),
@@ -225,6 +225,8 @@ def parse_args(argv=None):
     p.add_argument("--padded", action="store_true", help="with --concurrency: pad every row to one tree width")
     p.add_argument("--repeats", type=int, default=1,
                    help="with --concurrency: rounds per level, arms alternating on/off then off/on; pooled")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="with --concurrency: both arms first serve this many prompts, unmeasured")
     p.add_argument("--min-seconds", type=float, default=0.0,
                    help="with --concurrency: more rounds (in pairs) until each arm has run this long at the level")
     p.add_argument("--json", type=Path, default=None, help="write the results here")

@@ -82,15 +82,19 @@ def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: 
 
 def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],
                levels: list[int], stop: StopCriteria, sched: SchedulerConfig, report, repeats: int = 1,
-               min_seconds: float = 0.0) -> list[dict]:
+               min_seconds: float = 0.0, warmup: int = 0) -> list[dict]:
     """Each level: the arms alternate on, off, off, on, ... over `repeats` rounds, so a drift in the
     machine's speed lands on both arms alike; each arm's repeats are pooled.
 
+    With `warmup`, both arms first serve that many prompts, two at a time, unmeasured.
     With `min_seconds`, a level whose arms ran shorter than that gets more rounds, two at a time (so
     each arm still goes first equally often): a level of 16 requests at once is one ~12 s wave on the
     2-core CPU, against ~70 s for one request at a time, and timing noise weighs on it that much more.
     """
     arms = {"on": decoder.config, "off": LookaheadConfig(enabled=False)}
+    if warmup:  # discarded: a process's first runs come out slower
+        for cfg in arms.values():
+            run_level(decoder, prompts[:warmup], 2, stop, cfg, sched)
     out = []
     for n in levels:
         runs: dict[str, list[LevelRun]] = {"on": [], "off": []}

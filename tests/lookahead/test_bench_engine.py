@@ -1,6 +1,7 @@
 """The concurrency bench's levels: arms alternate, rounds come in pairs up to a minimum time, outputs are checked."""
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead import bench_engine
 from lookahead.bench_engine import run_levels
 from lookahead.policy import CostModel
 from lookahead.runner import ModelRunner
@@ -12,13 +13,13 @@ from .tiny_models import tiny
 PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], [2, 9, 2, 9, 2, 9, 2]]
 
 
-def levels(min_seconds=0.0, repeats=1, references=None):
+def levels(min_seconds=0.0, repeats=1, references=None, warmup=0):
     model = tiny("llama")
     dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=8, branch_length=4), cost=CostModel.flat())
     refs = references or [hf_greedy(model, p, 12) for p in PROMPTS]
     reported = []
     out = run_levels(dec, PROMPTS, refs, [1, 3], StopCriteria(12), SchedulerConfig(max_batch_size=3), reported.append,
-                     repeats=repeats, min_seconds=min_seconds)
+                     repeats=repeats, min_seconds=min_seconds, warmup=warmup)
     assert out == reported
     return out
 
@@ -42,3 +43,14 @@ def test_a_short_level_gets_more_rounds_in_pairs():
         assert l["on"]["prompt_tokens"] == l["repeats"] * sum(map(len, PROMPTS))  # every round ran every prompt
         tokens = l["repeats"] * 12 * len(PROMPTS)
         assert min(tokens / l["on_tok_s"], tokens / l["off_tok_s"]) >= 0.5  # each arm's pooled runs took 0.5 s
+
+
+def test_a_warmup_serves_both_arms_before_any_level_and_is_not_counted(monkeypatch):
+    served = []
+    real = bench_engine.run_level
+    monkeypatch.setattr(bench_engine, "run_level", lambda dec, prompts, n, *a: served.append((len(prompts), n))
+                        or real(dec, prompts, n, *a))
+    out = levels(warmup=2)
+    assert served[:2] == [(2, 2), (2, 2)]  # two prompts, two at a time, once per arm
+    assert served[2:] == [(3, 1), (3, 1), (3, 3), (3, 3)]  # then each level: one round of both arms
+    assert all(l["repeats"] == 1 and len(l["runs"]) == 2 for l in out)
