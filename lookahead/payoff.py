@@ -14,8 +14,8 @@ off in that class (rows do not even build their trees) and probed again
 every `probe_every` steps, so a change in load or in the text brings it back.
 The same goes for a class where the budget keeps pricing drafts out: after
 `min_steps` steps in a row whose rows held drafts it rated likely but found
-too dear, its rows stop building trees the budget would not use (~0.3 ms a
-row per step on the 2-core CPU, proposing and pricing), again with a probe
+too dear, its rows stop building trees the budget would not use (~0.25 ms a
+row per step on the 2-core CPU at 9-15 rows, proposing, pricing and shadowing), again with a probe
 every `probe_every` steps. Steps declined for weak matches say nothing:
 they are about the text, not the batch size.
 
