@@ -1,7 +1,7 @@
 """Locust users sending OpenAI-style requests to a lookahead-serve server.
 
     locust -f loadtest/locustfile.py --headless -u 4 -r 4 --host http://127.0.0.1:8000 \\
-        --model smollm2-lookahead --prompts ../shared/data/humaneval.jsonl --max-tokens 128 --requests 32
+        --model smollm2-lookahead --prompts benchmarks/prompts/humaneval.jsonl --max-tokens 128 --requests 32
 
 Each user takes the next prompt (a JSONL file with a "prompt" field per line;
 `--prompt-offset` skips the first ones) and sends it, streamed so that time
@@ -26,11 +26,14 @@ import hashlib
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 
 from locust import HttpUser, events, task
 from locust.exception import StopUser
+
+from lookahead.prompt_sets import PromptFileError, prompt_path, read_prompts
 
 _lock = threading.Lock()
 _state = {"next": itertools.count(), "done": 0, "prompts": None}
@@ -40,7 +43,8 @@ _state = {"next": itertools.count(), "done": 0, "prompts": None}
 def _options(parser) -> None:
     env = os.environ.get
     parser.add_argument("--model", default=env("LOADTEST_MODEL", "smollm2"), help="the `model` to request")
-    parser.add_argument("--prompts", default=env("LOADTEST_PROMPTS", "../shared/data/humaneval.jsonl"))
+    parser.add_argument("--prompts", default=env("LOADTEST_PROMPTS", str(prompt_path("humaneval"))),
+                        help="JSONL with a \"prompt\" per line; checked before any user starts")
     parser.add_argument("--prompt-offset", type=int, default=int(env("LOADTEST_PROMPT_OFFSET", "0")))
     parser.add_argument("--max-tokens", type=int, default=int(env("LOADTEST_MAX_TOKENS", "128")))
     parser.add_argument("--requests", type=int, default=int(env("LOADTEST_REQUESTS", "0")),
@@ -50,13 +54,13 @@ def _options(parser) -> None:
     parser.add_argument("--records", default=env("LOADTEST_RECORDS", ""), help="append per-request JSON lines here")
 
 
-def _prompts(path: str) -> list[str]:
-    if _state["prompts"] is None:
-        with open(path, encoding="utf-8") as f:
-            _state["prompts"] = [json.loads(line)["prompt"] for line in f if line.strip()]
-        if not _state["prompts"]:
-            raise ValueError(f"no prompts in {path}")
-    return _state["prompts"]
+@events.init.add_listener
+def _load_prompts(environment, **_) -> None:
+    """Read and check the prompt file once, before any user starts: a bad file ends locust at once, naming it."""
+    try:
+        _state["prompts"] = [row["prompt"] for row in read_prompts(environment.parsed_options.prompts)]
+    except PromptFileError as e:
+        sys.exit(f"locustfile: {e}")
 
 
 class LLMUser(HttpUser):
@@ -65,7 +69,7 @@ class LLMUser(HttpUser):
     @task
     def generate(self) -> None:
         opts = self.environment.parsed_options
-        prompts = _prompts(opts.prompts)
+        prompts = _state["prompts"]
         with _lock:
             index = next(_state["next"])
         if opts.requests and index >= opts.requests:

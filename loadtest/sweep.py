@@ -1,7 +1,7 @@
 """Sweep concurrency against the A/B deployments: the speedup of lookahead at each load.
 
     python -m loadtest.sweep --config configs/smollm2-ab.yaml --levels 1,2,4,8,16 --requests 32 \\
-        --prompts ../shared/data/humaneval.jsonl --max-tokens 128 --out results/sweep
+        --prompts benchmarks/prompts/humaneval.jsonl --max-tokens 128 --out results/sweep
 
 At each level N, locust runs headless with N users, until `--requests`
 requests have been answered, once against the lookahead-on model and once
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from lookahead.prompt_sets import PromptFileError, prompt_path, read_prompts
 
 from . import report, summary
 from .server import ServeProcess, wait_ready
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("--off-model", default="smollm2-plain")
     p.add_argument("--levels", default="1,2,4,8,16")
     p.add_argument("--requests", type=int, default=32, help="requests per level and arm")
-    p.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "humaneval.jsonl"))
+    p.add_argument("--prompts", default=str(prompt_path("humaneval")),
+                   help="JSONL with a \"prompt\" per line (default: the shipped humaneval set)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--reuse-prompts", action="store_true", help="every level uses the same prompts")
@@ -72,6 +75,10 @@ def main(argv=None) -> int:
         p.error("--levels must list positive integers")
     if args.requests < max(levels):
         p.error(f"--requests ({args.requests}) must be at least the highest level ({max(levels)})")
+    try:  # before any server starts or load runs: a bad file stops the sweep at once, naming the file and line
+        read_prompts(args.prompts)
+    except PromptFileError as e:
+        p.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -1,8 +1,22 @@
-"""Lookahead decoding for Hugging Face causal LMs: lossless, trie-drafted, tree-verified."""
+"""Lookahead decoding for Hugging Face causal LMs: lossless, trie-drafted, tree-verified.
 
-from .config import LookaheadConfig
-from .generate import LookaheadDecoder
-from .sequence import Generation, StopCriteria
-from .sampling import SamplingParams
+The top-level names load on first use, so the torch-free parts of the
+package (the trie, the draft tree, prompt files) import without torch.
+"""
 
-__all__ = ["LookaheadConfig", "LookaheadDecoder", "Generation", "StopCriteria", "SamplingParams"]
+_EXPORTS = {
+    "LookaheadConfig": "config",
+    "LookaheadDecoder": "generate",
+    "Generation": "sequence",
+    "StopCriteria": "sequence",
+    "SamplingParams": "sampling",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lookahead' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -1,6 +1,6 @@
 """Benchmark: plain HF `generate` vs lookahead (and the project's own plain loop), same process, same prompts.
 
-    python -m lookahead.bench --model smollm2-135m-instruct --prompts ../shared/data/humaneval.jsonl \
+    python -m lookahead.bench --model smollm2-135m-instruct --prompts benchmarks/prompts/humaneval.jsonl \
         --limit 20 --max-new-tokens 128 --chat --json results/humaneval.json
 
 Per prompt, in file order, the three decoders run back to back, their order
@@ -27,6 +27,7 @@ from .generate import LookaheadDecoder
 from .sequence import Generation, StopCriteria
 from .scheduler import SchedulerConfig
 from .models import encode, load_model
+from .prompt_sets import PromptFileError, prompt_path, read_prompts
 from .reference import TimedOutput, hf_generate
 from .runner import ModelRunner
 
@@ -98,9 +99,8 @@ def run(args) -> dict:
     )
     decoder = LookaheadDecoder(runner, la_cfg, lm.tokenizer, eos_token_ids=lm.eos_token_ids)
     stop = StopCriteria(max_new_tokens=args.max_new_tokens, eos_token_ids=frozenset(lm.eos_token_ids))
-    rows = [json.loads(line) for line in open(args.prompts, encoding="utf-8")]
-    rows = rows[: args.limit] if args.limit else rows
-    prompts = [(r["id"], encode(lm.tokenizer, r["prompt"], args.chat)) for r in rows]
+    prompts = [(r.get("id", f"line-{i + 1}"), encode(lm.tokenizer, r["prompt"], args.chat))
+               for i, r in enumerate(args.rows)]
 
     # Warm-up of every path, then forget what it taught, so the trie starts empty.
     warm = prompts[0][1][:64]
@@ -207,7 +207,8 @@ def print_summary(s: dict) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m lookahead.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--prompts", required=True, type=Path, help="JSONL with id and prompt")
+    p.add_argument("--prompts", type=Path, default=prompt_path("humaneval"),
+                   help="JSONL with a \"prompt\" (and an \"id\") per line; default: the shipped humaneval set")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--decoding-length", type=int, default=64)
@@ -230,7 +231,12 @@ def parse_args(argv=None):
     p.add_argument("--min-seconds", type=float, default=0.0,
                    help="with --concurrency: more rounds (in pairs) until each arm has run this long at the level")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:  # checked before the model loads: a bad file stops the run in a second, naming the file and line
+        args.rows = read_prompts(args.prompts, args.limit)
+    except PromptFileError as e:
+        p.error(str(e))
+    return args
 
 
 def main(argv=None) -> int:

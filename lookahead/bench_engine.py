@@ -1,6 +1,6 @@
 """The concurrency half of the benchmark: N requests in flight through the engine, lookahead on vs off.
 
-    python -m lookahead.bench --prompts ../shared/data/humaneval.jsonl --limit 16 --chat --concurrency 1,2,4,8,16
+    python -m lookahead.bench --prompts benchmarks/prompts/humaneval.jsonl --limit 16 --chat --concurrency 1,2,4,8,16
 
 At each level the engine serves the prompts with N always in flight (a
 finished request is replaced by the next prompt), with lookahead on and off,

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/bench}
 shift || true
-data=${LOOKAHEAD_DATA_DIR:-../shared/data}
+data=benchmarks/prompts
 mkdir -p "$out"
 for set in narrativeqa debian_faq_zh humaneval mtbench; do
     .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/concurrency}
 shift || true
-data=${LOOKAHEAD_DATA_DIR:-../shared/data}
+data=benchmarks/prompts
 mkdir -p "$out"
 for set in humaneval narrativeqa; do
     .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \

@@ -1,4 +1,3 @@
-import json
 import os
 import socket
 from pathlib import Path
@@ -6,13 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from lookahead.prompt_sets import prompt_path, read_prompts
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("LOOKAHEAD_DATA_DIR", REPO.parent / "shared" / "data"))
 
 
 def load_prompts(name: str, limit: int | None = None) -> list[dict]:
-    rows = [json.loads(line) for line in open(DATA / f"{name}.jsonl", encoding="utf-8")]
-    return rows[:limit] if limit else rows
+    """The first `limit` rows of a prompt set shipped in benchmarks/prompts/."""
+    return read_prompts(prompt_path(name), limit)
 
 
 @pytest.fixture(autouse=True)

@@ -31,11 +31,11 @@ def ab_url(serve_url):
 
 def test_sweep_smoke(ab_url, tmp_path):
     from loadtest import sweep
-    from tests.conftest import DATA
+    from lookahead.prompt_sets import prompt_path
 
     out = tmp_path / "sweep"
     rc = sweep.main(["--url", ab_url, "--levels", "1,2", "--requests", "3", "--max-tokens", "24",
-                     "--prompts", str(DATA / "mtbench.jsonl"), "--out", str(out), "--run-timeout", "300"])
+                     "--prompts", str(prompt_path("mtbench")), "--out", str(out), "--run-timeout", "300"])
     assert rc == 0
     for name in ("summary.json", "table.md", "speedup.png", "c1_smollm2-lookahead_stats.csv",
                  "c2_smollm2-plain_stats.csv", "c2_smollm2-lookahead.jsonl"):
