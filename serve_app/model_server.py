@@ -144,6 +144,12 @@ class LookaheadModel:
     async def queue_length(self) -> int:
         return self.engine.active_requests
 
+    async def replica_load(self) -> tuple[str, int]:
+        """(this replica's Ray actor name, requests in its engine): which replica holds how many requests."""
+        import ray
+
+        return ray.get_runtime_context().get_actor_name(), self.engine.active_requests
+
     async def finish_reason(self, request_id: str) -> str | None:
         """How a recent request ended ("stop", "length", "cancelled", "error"), if this replica ran it."""
         return self.recent.get(request_id)

@@ -1,5 +1,3 @@
-import time
-
 import random
 
 from lookahead.draft import build_tree, match, root_only
@@ -69,17 +67,24 @@ def test_truncated_prefix_is_a_valid_tree():
     assert root_only(7).num_drafts == 0
 
 
-def test_query_under_half_a_millisecond_at_decoding_length_64():
+def test_every_draft_path_at_full_size_is_an_ngram_the_trie_saw():
+    """PIA's sizes (64 drafts, branches of 12, n-grams of 13) on a 20k-token corpus: the tree keeps its bounds,
+    and every path from the root continues the matched context as the corpus did. (How fast such a query
+    runs is measured by benchmarks/draft_query.py, not asserted here.)"""
     rng = random.Random(0)
-    t = TokenTrie(ngram_length=13)
+    n = 13
     corpus = [rng.randrange(300) for _ in range(20000)]
+    seen = {tuple(corpus[i:i + k]) for k in range(1, n + 1) for i in range(len(corpus) - k + 1)}
+    t = TokenTrie(ngram_length=n)
     t.add_sequence(corpus)
-    times = []
-    for i in range(300):
+    for i in range(0, 300, 10):
         ctx = corpus[: 100 + i * 50]
-        t0 = time.perf_counter()
         m, matched = match([(t, 1.0)], ctx, 4, 1)
-        build_tree(ctx[-1], matched, m, "hier", 64, 12)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    assert times[len(times) // 2] < 0.5e-3
+        tree = build_tree(ctx[-1], matched, m, "hier", 64, 12)
+        assert m >= 1 and 0 < tree.num_drafts <= 64 and max(tree.depths) <= 12
+        for node in range(1, len(tree.tokens)):
+            path = []
+            while node > 0:
+                path.append(tree.tokens[node])
+                node = tree.parents[node]
+            assert tuple(ctx[len(ctx) - m:] + path[::-1]) in seen

@@ -5,11 +5,15 @@ with SmolLM2's tokenizer: one replica, up to two; a burst of long requests
 scales it up, and when the burst is over it scales back down.
 """
 
-from concurrent.futures import ThreadPoolExecutor
+import http.client
+import json
+import socket
+import threading
+import time
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import pytest
-import requests
 
 from serve_app.autoscaling import ENGINE_QUEUE, engine_queue_policy
 from tests.serving import deploy, wait_for
@@ -40,6 +44,48 @@ def replicas(app: str, deployment: str) -> int:
     return status.replica_states.get("RUNNING", 0)
 
 
+class HeldStreams:
+    """Streamed requests held open until the test lets go, so a load lasts as long as the test needs it,
+    however fast the machine generates. Letting go shuts each connection down, which cancels its request
+    on the replica, whether it was generating or still queued."""
+
+    def __init__(self, base: str, path: str, body: dict, count: int) -> None:
+        url = urlsplit(base)
+        self.path, self.payload = url.path + path, json.dumps(body).encode()
+        self.conns = [http.client.HTTPConnection(url.hostname, url.port, timeout=300) for _ in range(count)]
+        self.released = threading.Event()
+        self.chunks = [0] * count  # stream chunks each request has received so far
+        self.statuses: list[int | None] = [None] * count
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._hold, args=(i,), daemon=True) for i in range(count)]
+
+    def _hold(self, i: int) -> None:
+        try:
+            self.conns[i].request("POST", self.path, body=self.payload, headers={"Content-Type": "application/json"})
+            response = self.conns[i].getresponse()
+            self.statuses[i] = response.status
+            while line := response.readline():
+                self.chunks[i] += line.startswith(b"data: {")
+            if not self.released.is_set():
+                self.errors.append(f"stream {i} ended before the test let go")
+        except (OSError, http.client.HTTPException) as e:
+            if not self.released.is_set():
+                self.errors.append(f"stream {i}: {e!r}")
+
+    def __enter__(self) -> "HeldStreams":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.released.set()
+        for conn in self.conns:
+            if conn.sock is not None:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        for t in self.threads:
+            t.join(30)
+
+
 def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):
     from ray import serve
 
@@ -48,7 +94,7 @@ def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):
         "name": "tiny", "model": tiny_llama_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
         "lookahead": {"adaptive": False},
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
-        "limits": {"max_new_tokens": 2000, "max_engine_queue": 64},
+        "limits": {"max_new_tokens": 60000, "max_engine_queue": 64},
         "deployment": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1,
                                               "target_ongoing_requests": 2, "upscale_delay_s": 0.5,
                                               "downscale_delay_s": 2, "look_back_period_s": 1},
@@ -57,13 +103,20 @@ def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):
     base = serve_url + deploy(app, {"models": [model]})
     try:
         assert replicas(app, "Model-tiny") == 1
-        body = {"model": "tiny", "prompt": "Count with me: one two three", "max_tokens": 1500, "temperature": 0}
-        with ThreadPoolExecutor(12) as pool:
-            futures = [pool.submit(requests.post, f"{base}/v1/completions", json=body, timeout=300)
-                       for _ in range(12)]
-            assert wait_for(lambda: replicas(app, "Model-tiny") == 2, 90), "did not scale up under the burst"
-            codes = [f.result().status_code for f in futures]
-        assert codes == [200] * 12
+        # Far more tokens than any machine makes before the bound below, one token per row and step (plain
+        # decoding: a random model's loops would let drafts accept dozens a step); the test ends the streams.
+        body = {"model": "tiny", "prompt": "Count with me: one two three", "max_tokens": 60000, "temperature": 0,
+                "stream": True, "lookahead": {"enabled": False}}
+        rows = model["batching"]["max_batch_size"]
+        t0 = time.monotonic()
+        with HeldStreams(base, "/v1/completions", body, 12) as burst:
+            assert wait_for(lambda: sum(c > 0 for c in burst.chunks) >= rows, 60), burst.chunks  # a full batch runs
+            assert wait_for(lambda: replicas(app, "Model-tiny") == 2, 120), "did not scale up under the burst"
+            up = time.monotonic() - t0
+        assert not burst.errors, burst.errors
+        assert all(status in (None, 200) for status in burst.statuses), burst.statuses  # None: still queued
+        t1 = time.monotonic()
         assert wait_for(lambda: replicas(app, "Model-tiny") == 1, 90), "did not scale down after the burst"
+        print(f"\nscaled 1 -> 2 replicas {up:.1f} s into the burst; back to 1 {time.monotonic() - t1:.1f} s after it")
     finally:
         serve.delete(app)

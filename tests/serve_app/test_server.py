@@ -7,10 +7,12 @@ the field; a disconnect cancelling only its own request; overload refused
 with 503 and Retry-After; and the server still serving after all of it.
 """
 
+import http.client
 import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -181,18 +183,23 @@ def test_disconnect_cancels_only_its_own_request(base):
             "max_tokens": 400, "temperature": 0, "stream": True}
     other = {**body, "max_tokens": 40}
     results = {}
+    leaver_sent = threading.Event()
 
     def leaver():
-        with requests.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=120) as r:
-            lines = r.iter_lines()
-            for line in lines:
-                if line.startswith(b"data: {"):
-                    results["leaver_id"] = json.loads(line[6:])["id"]
-                    break
-        # leaving the `with` closes the connection mid-stream
+        url = urlsplit(base)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+        conn.request("POST", f"{url.path}/v1/chat/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        leaver_sent.set()  # the whole request is on the wire: the stayer's comes second, within the group window
+        response = conn.getresponse()
+        while line := response.readline():
+            if line.startswith(b"data: {"):
+                results["leaver_id"] = json.loads(line[6:])["id"]
+                break
+        conn.close()  # hang up mid-stream
 
     def stayer():
-        time.sleep(0.01)  # second in the group: the leaver's context is the one Ray would tie the group call to
+        assert leaver_sent.wait(60)  # second in the group: the leaver's context is the one Ray ties the call to
         r = requests.post(f"{base}/v1/chat/completions", json=other, stream=True, timeout=120)
         results["stayer"] = [ln for ln in r.iter_lines() if ln.startswith(b"data: ")]
 
