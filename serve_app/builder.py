@@ -32,6 +32,8 @@ def deployment_options(m: ModelConfig) -> dict:
         "health_check_period_s": d.health_check_period_s,
         "health_check_timeout_s": d.health_check_timeout_s,
     }
+    if d.max_replicas_per_node is not None:
+        opts["max_replicas_per_node"] = d.max_replicas_per_node
     if d.autoscaling_config is not None:
         scaling = dict(d.autoscaling_config)
         if "policy" not in scaling and autoscaling.supported():
@@ -53,7 +55,8 @@ def build_app(args: AppConfig) -> Application:
             log.warning("model %s: trust_remote_code is ON; its checkpoint's Python code will run", m.name)
     handles = {m.name: LookaheadModel.options(**deployment_options(m)).bind(m) for m in args.models}
     ing = args.ingress
-    opts = {"num_replicas": ing.num_replicas, "ray_actor_options": {"num_cpus": ing.num_cpus},
+    opts = {"num_replicas": ing.num_replicas,
+            "ray_actor_options": {"num_cpus": ing.num_cpus, **({"resources": ing.resources} if ing.resources else {})},
             "max_ongoing_requests": ing.max_ongoing_requests, "max_queued_requests": ing.max_queued_requests}
     try:  # Ray >= 2.55: the proxy's own 503 (ingress queue full) carries Retry-After like ours
         from ray.serve.config import BackpressureConfig

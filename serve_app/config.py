@@ -93,6 +93,9 @@ class DeploymentOptions(Strict):
     num_replicas: int | None = Field(None, ge=1)  # fixed count; leave out when autoscaling
     autoscaling_config: dict[str, Any] | None = None  # Ray's fields; the queue-length policy is filled in
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}  # GPU configs: {num_gpus: 1} -> one replica per GPU
+    # Placement across nodes: Ray spreads replicas over the nodes that fit them; `resources` in
+    # ray_actor_options ties them to nodes that carry a custom resource; this caps replicas on any one node.
+    max_replicas_per_node: int | None = Field(None, ge=1)
     max_ongoing_requests: int = Field(64, ge=1)  # request *groups* in flight per replica
     max_queued_requests: int = Field(64, ge=-1)  # groups waiting at the handles; more answer 503
     graceful_shutdown_timeout_s: float = Field(300, ge=0)  # a removed replica finishes its generations
@@ -141,6 +144,9 @@ class IngressOptions(Strict):
     max_ongoing_requests: int = Field(1000, ge=1)  # HTTP requests per ingress replica
     max_queued_requests: int = Field(2000, ge=-1)  # beyond this the proxy answers 503
     max_body_bytes: int = Field(1_048_576, ge=1024)  # bigger request bodies answer 413
+    # Custom Ray resources each ingress replica needs: e.g. {"node:__internal_head__": 0.001} keeps the
+    # ingress on the head node, so losing a worker node never takes the ingress with it.
+    resources: dict[str, float] = {}
     # API keys (Authorization: Bearer): from this environment variable (comma-separated) and/or this file
     # (one per line). None configured = open API. Never put keys in a config file.
     api_keys_env: str | None = "LOOKAHEAD_API_KEYS"

@@ -20,7 +20,9 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+import ray
 from ray import serve
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from starlette.responses import JSONResponse
 
 from .admission import to_job
@@ -87,7 +89,10 @@ class Ingress:
         app.state.api_keys = load_keys(config.ingress.api_keys_env, config.ingress.api_keys_file)
         if app.state.api_keys:
             log.info("API keys required (%d configured)", len(app.state.api_keys))
-        self.board = CancelBoard.remote()
+        # The board lives and dies with this ingress replica (its node): a replica that cannot reach it may then
+        # take this ingress, and so its clients, for gone. Left to the scheduler, it could sit on another node.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.board = CancelBoard.options(scheduling_strategy=here).remote()
         cfgs = {m.name: m for m in config.models}
         cap = config.ingress.max_ongoing_requests
         self.routes = {name: ModelRoute(cfgs[name], handle, self.board, cap) for name, handle in handles.items()}

@@ -17,7 +17,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+import ray
 import torch
 from ray import serve
 
@@ -46,6 +48,14 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cance
 
 def _placement_memory(max_memory: dict | None) -> dict | None:
     return None if max_memory is None else {(int(k) if k.isdigit() else k): v for k, v in max_memory.items()}
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    actor: str  # the replica's Ray actor name (namespace "serve")
+    node_id: str  # the Ray node it runs on
+    engine_queue: int  # requests waiting + running in its engine now
+    completed: int  # requests it generated to their end since it started
 
 
 @serve.deployment
@@ -78,6 +88,7 @@ class LookaheadModel:
                                                       ragged=b.ragged)).start()
         self.metrics = ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
+        self.completed = 0  # requests this replica generated to their end (stop or length)
         self.memory_tag = f"{cfg.model}|vocab={len(self.tokenizer)}"
         self._stop_saving = threading.Event()
         if la.memory_path:
@@ -144,11 +155,10 @@ class LookaheadModel:
     async def queue_length(self) -> int:
         return self.engine.active_requests
 
-    async def replica_load(self) -> tuple[str, int]:
-        """(this replica's Ray actor name, requests in its engine): which replica holds how many requests."""
-        import ray
-
-        return ray.get_runtime_context().get_actor_name(), self.engine.active_requests
+    async def replica_load(self) -> ReplicaLoad:
+        """Where this replica runs and what it holds: for placement and fault checks across replicas and nodes."""
+        ctx = ray.get_runtime_context()
+        return ReplicaLoad(ctx.get_actor_name(), ctx.get_node_id(), self.engine.active_requests, self.completed)
 
     async def finish_reason(self, request_id: str) -> str | None:
         """How a recent request ended ("stop", "length", "cancelled", "error"), if this replica ran it."""
@@ -249,8 +259,13 @@ class LookaheadModel:
         reason = "stop" if detok.stopped else FINISH.get(gen.finish_reason, gen.finish_reason)
         tail = detok.finish()
         self._remember(job.request_id, reason)
+        self.completed += reason in ("stop", "length")
         self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
                               st.mean_accepted, first, st.prompt_tokens, st.cached_prompt_tokens)
+        if reason == "cancelled":  # meant for a client that left; should it still be there, a cut text is no answer
+            events.put_nowait(Event(index, error=JobError(503, "the request was cancelled before it finished; retry",
+                                                          type="server_error")))
+            return
         events.put_nowait(Event(index, text=tail, finish_reason=reason,
                                 usage=Usage(st.prompt_tokens, st.new_tokens, st.cached_prompt_tokens), lookahead=lookahead_stats(st)))
 

@@ -5,18 +5,13 @@ with SmolLM2's tokenizer: one replica, up to two; a burst of long requests
 scales it up, and when the burst is over it scales back down.
 """
 
-import http.client
-import json
-import socket
-import threading
 import time
 from types import SimpleNamespace
-from urllib.parse import urlsplit
 
 import pytest
 
 from serve_app.autoscaling import ENGINE_QUEUE, engine_queue_policy
-from tests.serving import deploy, wait_for
+from tests.serving import LONG, HeldStreams, deploy, wait_for
 
 
 def ctx(queues, queued=0.0, calls=0.0, target=4.0, lo=1, hi=5):
@@ -44,48 +39,6 @@ def replicas(app: str, deployment: str) -> int:
     return status.replica_states.get("RUNNING", 0)
 
 
-class HeldStreams:
-    """Streamed requests held open until the test lets go, so a load lasts as long as the test needs it,
-    however fast the machine generates. Letting go shuts each connection down, which cancels its request
-    on the replica, whether it was generating or still queued."""
-
-    def __init__(self, base: str, path: str, body: dict, count: int) -> None:
-        url = urlsplit(base)
-        self.path, self.payload = url.path + path, json.dumps(body).encode()
-        self.conns = [http.client.HTTPConnection(url.hostname, url.port, timeout=300) for _ in range(count)]
-        self.released = threading.Event()
-        self.chunks = [0] * count  # stream chunks each request has received so far
-        self.statuses: list[int | None] = [None] * count
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._hold, args=(i,), daemon=True) for i in range(count)]
-
-    def _hold(self, i: int) -> None:
-        try:
-            self.conns[i].request("POST", self.path, body=self.payload, headers={"Content-Type": "application/json"})
-            response = self.conns[i].getresponse()
-            self.statuses[i] = response.status
-            while line := response.readline():
-                self.chunks[i] += line.startswith(b"data: {")
-            if not self.released.is_set():
-                self.errors.append(f"stream {i} ended before the test let go")
-        except (OSError, http.client.HTTPException) as e:
-            if not self.released.is_set():
-                self.errors.append(f"stream {i}: {e!r}")
-
-    def __enter__(self) -> "HeldStreams":
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.released.set()
-        for conn in self.conns:
-            if conn.sock is not None:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-        for t in self.threads:
-            t.join(30)
-
-
 def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):
     from ray import serve
 
@@ -106,7 +59,7 @@ def test_burst_scales_up_then_down(serve_url, tiny_llama_dir):
         # Far more tokens than any machine makes before the bound below, one token per row and step (plain
         # decoding: a random model's loops would let drafts accept dozens a step); the test ends the streams.
         body = {"model": "tiny", "prompt": "Count with me: one two three", "max_tokens": 60000, "temperature": 0,
-                "stream": True, "lookahead": {"enabled": False}}
+                "stream": True, "lookahead": LONG}
         rows = model["batching"]["max_batch_size"]
         t0 = time.monotonic()
         with HeldStreams(base, "/v1/completions", body, 12) as burst:

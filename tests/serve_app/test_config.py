@@ -54,3 +54,17 @@ def test_shipped_configs_validate_and_build(path):
             opts = deployment_options(m)
             if m.deployment.autoscaling_config is not None:
                 assert opts["autoscaling_config"]["policy"]["policy_function"] == "serve_app.autoscaling:engine_queue_policy"
+
+
+def test_placement_knobs_reach_ray():
+    args = AppConfig.model_validate({
+        "models": [model(deployment={"num_replicas": 4, "max_replicas_per_node": 1,
+                                     "ray_actor_options": {"num_cpus": 1, "resources": {"gpu_node": 1}}})],
+        "ingress": {"resources": {"node:__internal_head__": 0.001}}})
+    opts = deployment_options(args.models[0])
+    assert opts["max_replicas_per_node"] == 1 and opts["ray_actor_options"]["resources"] == {"gpu_node": 1}
+    assert "max_replicas_per_node" not in deployment_options(AppConfig.model_validate({"models": [model()]}).models[0])
+    ingress = build_app(args)._bound_deployment
+    assert ingress.ray_actor_options["resources"] == {"node:__internal_head__": 0.001}
+    with pytest.raises(ValidationError, match="max_replicas_per_node"):
+        AppConfig.model_validate({"models": [model(deployment={"max_replicas_per_node": 0})]})

@@ -17,11 +17,10 @@ import requests
 
 from lookahead.trie import TokenTrie
 from lookahead.trie_store import load as load_memory
-from tests.serving import deploy, wait_for
+from tests.serving import CLIENT_TIMEOUT, LONG, deploy, outcome, placed, wait_for
 
 APP = "rel"
 MODEL = "tiny"
-CLIENT_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -55,28 +54,6 @@ def running_replicas() -> int:
     return serve.status().applications[APP].deployments[f"Model-{MODEL}"].replica_states.get("RUNNING", 0)
 
 
-def outcome(base: str, body: dict) -> str:
-    """'ok' (complete), 'error' (a status or event with a JSON error body); raises on a hang or a truncation."""
-    r = requests.post(f"{base}/v1/completions", json=body, stream=body.get("stream", False), timeout=CLIENT_TIMEOUT)
-    if r.status_code != 200:
-        assert r.status_code >= 400 and "error" in r.json(), (r.status_code, r.text[:200])
-        return f"error-{r.status_code}"
-    if not body.get("stream"):
-        data = r.json()
-        assert data["choices"][0]["finish_reason"] in ("stop", "length"), data
-        assert len(data["choices"][0]["text"]) > 0 or data["usage"]["completion_tokens"] > 0
-        return "ok"
-    lines = [ln for ln in r.iter_lines() if ln.startswith(b"data: ")]
-    if lines and b'"error"' in lines[-1]:
-        assert "message" in json.loads(lines[-1][6:])["error"]
-        return "error-event"
-    assert lines and lines[-1] == b"data: [DONE]", f"truncated stream presented as success: {lines[-2:]}"
-    finishes = [json.loads(ln[6:])["choices"][0]["finish_reason"] for ln in lines[:-1]
-                if json.loads(ln[6:]).get("choices")]
-    assert finishes[-1] in ("stop", "length")
-    return "ok"
-
-
 def test_a_corrupt_memory_file_is_refused_and_the_replica_starts_empty(rel):
     assert running_replicas() == 2
     assert handle().memory_nodes.remote().result() >= 0  # serving, with an empty (not a pickled) trie
@@ -85,32 +62,18 @@ def test_a_corrupt_memory_file_is_refused_and_the_replica_starts_empty(rel):
 
 def replica_loads(calls: int = 8) -> dict[str, int]:
     """Requests each replica's engine holds, by replica actor name; concurrent calls reach every replica."""
-    return dict(r.result() for r in [handle().replica_load.remote() for _ in range(calls)])
-
-
-def placed(futures, replicas: int = 2) -> dict[str, int]:
-    """Wait until every request is held by a replica's engine or already answered, with each of `replicas`
-    holding some; returns the requests each held then."""
-    held: dict[str, int] = {}
-
-    def all_placed() -> bool:
-        held.clear()
-        held.update(replica_loads())
-        done = sum(f.done() for f in futures)
-        return len(held) == replicas and min(held.values()) > 0 and sum(held.values()) + done == len(futures)
-
-    assert wait_for(all_placed, 60), f"the requests were not all placed on {replicas} replicas: {held}"
-    return held
+    loads = [r.result() for r in [handle().replica_load.remote() for _ in range(calls)]]
+    return {load.actor: load.engine_queue for load in loads}
 
 
 def test_killing_a_replica_mid_load_loses_no_request(rel):
     import ray
 
-    bodies = [{"model": MODEL, "prompt": f"story {i}: once upon a time", "max_tokens": 2000, "temperature": 0,
-               "stream": i % 2 == 0} for i in range(16)]
+    bodies = [{"model": MODEL, "prompt": f"story {i}: once upon a time", "max_tokens": 3000, "temperature": 0,
+               "stream": i % 2 == 0, "lookahead": LONG} for i in range(16)]
     with ThreadPoolExecutor(len(bodies)) as pool:
         futures = [pool.submit(outcome, rel["base"], b) for b in bodies]
-        held = placed(futures)  # so what the survivor holds when the other dies is known
+        held = placed(futures, replica_loads)  # so what the survivor holds when the other dies is known
         victim, survivor = sorted(held, key=held.get, reverse=True)
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         results = [f.result(timeout=CLIENT_TIMEOUT + 30) for f in futures]  # raises on a hang or a truncation
@@ -224,11 +187,12 @@ def test_the_memory_is_saved_in_the_checked_format(rel):
 
 def test_scale_down_lets_in_flight_generations_finish(rel):
     """Redeploy with one replica fewer while long generations run: every one completes in full."""
-    bodies = [{"model": MODEL, "prompt": f"long {i}", "max_tokens": 1500, "temperature": 0, "stream": True}
+    bodies = [{"model": MODEL, "prompt": f"long {i}", "max_tokens": 3000, "temperature": 0, "stream": True,
+               "lookahead": LONG}
               for i in range(6)]
     with ThreadPoolExecutor(len(bodies)) as pool:
         futures = [pool.submit(outcome, rel["base"], b) for b in bodies]
-        held = placed(futures)  # the replica that goes holds generations when it is told to go
+        held = placed(futures, replica_loads)  # the replica that goes holds generations when it is told to go
         smaller = {**rel["model"], "deployment": {**rel["model"]["deployment"], "num_replicas": 1}}
         deploy(APP, {"models": [smaller], "ingress": {"max_body_bytes": 65536}})
         results = [f.result(timeout=CLIENT_TIMEOUT + 60) for f in futures]
