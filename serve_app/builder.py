@@ -57,7 +57,8 @@ def build_app(args: AppConfig) -> Application:
     ing = args.ingress
     opts = {"num_replicas": ing.num_replicas,
             "ray_actor_options": {"num_cpus": ing.num_cpus, **({"resources": ing.resources} if ing.resources else {})},
-            "max_ongoing_requests": ing.max_ongoing_requests, "max_queued_requests": ing.max_queued_requests}
+            "max_ongoing_requests": ing.max_ongoing_requests, "max_queued_requests": ing.max_queued_requests,
+            "graceful_shutdown_timeout_s": ing.graceful_shutdown_timeout_s}
     try:  # Ray >= 2.55: the proxy's own 503 (ingress queue full) carries Retry-After like ours
         from ray.serve.config import BackpressureConfig
 

@@ -144,6 +144,9 @@ class IngressOptions(Strict):
     max_ongoing_requests: int = Field(1000, ge=1)  # HTTP requests per ingress replica
     max_queued_requests: int = Field(2000, ge=-1)  # beyond this the proxy answers 503
     max_body_bytes: int = Field(1_048_576, ge=1024)  # bigger request bodies answer 413
+    # A replaced ingress replica (a redeploy changes its config whenever a model's does) keeps streaming the
+    # generations it proxies for this long: as long as the models' own drain, or their streams are cut.
+    graceful_shutdown_timeout_s: float = Field(300, ge=0)
     # Custom Ray resources each ingress replica needs: e.g. {"node:__internal_head__": 0.001} keeps the
     # ingress on the head node, so losing a worker node never takes the ingress with it.
     resources: dict[str, float] = {}

@@ -66,5 +66,6 @@ def test_placement_knobs_reach_ray():
     assert "max_replicas_per_node" not in deployment_options(AppConfig.model_validate({"models": [model()]}).models[0])
     ingress = build_app(args)._bound_deployment
     assert ingress.ray_actor_options["resources"] == {"node:__internal_head__": 0.001}
+    assert ingress._deployment_config.graceful_shutdown_timeout_s == 300  # outlasts the generations it streams
     with pytest.raises(ValidationError, match="max_replicas_per_node"):
         AppConfig.model_validate({"models": [model(deployment={"max_replicas_per_node": 0})]})
