@@ -32,6 +32,11 @@ def smollm2():
 # Autoscaling metrics are pushed every 0.5 s here (Ray's default is 10 s) so a test burst is seen while it lasts.
 os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
 os.environ.setdefault("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
+# A new Serve proxy must answer its readiness check within 5 s by default, or the controller kills it and
+# `serve.start` fails: seen with both cores of a 2-core machine kept busy by other processes. A test machine's
+# load is not a reason to fail, so the proxy gets longer here.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
 
 
 def _free_port() -> int:
