@@ -10,6 +10,7 @@ GCS address or the temp dir in their command lines: `ray stop` would also stop t
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -56,7 +57,7 @@ class TwoNodeCluster:
         token = Path(self.temp) / "auth_token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-        self.env = env = {**os.environ, **HEALTH, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        env = {**os.environ, **HEALTH, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
         common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--num-gpus=0"]
         self._ray(["start", "--head", f"--port={self.gcs_port}", "--include-dashboard=false",
                    f"--temp-dir={self.temp}", '--resources={"node_a": 1}', *common], env, timeout)
@@ -86,8 +87,6 @@ class TwoNodeCluster:
         return reply
 
     def _reply(self, timeout: float) -> dict:
-        import select
-
         ready, _, _ = select.select([self.driver.stdout], [], [], timeout)
         assert ready, f"the cluster driver gave no answer in {timeout} s (log: {self.temp}/driver.log)"
         line = self.driver.stdout.readline()

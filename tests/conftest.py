@@ -1,11 +1,11 @@
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
 from lookahead.prompt_sets import prompt_path, read_prompts
+from tests.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,18 +39,12 @@ os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def serve_url():
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
