@@ -24,6 +24,7 @@ import math
 import os
 import struct
 import sys
+import tempfile
 from array import array
 from pathlib import Path
 
@@ -69,12 +70,17 @@ def save(trie: TokenTrie, path: str | Path, tag: str) -> int:
                          "payload_bytes": len(payload)}).encode()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<I", len(header)) + header + payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # A temporary file of this writer's own: replicas sharing one memory_path save at once (the last one wins).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(header)) + header + payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return len(tokens) - 1
 
 

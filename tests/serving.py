@@ -10,7 +10,10 @@ from urllib.parse import urlsplit
 
 import requests
 
-CLIENT_TIMEOUT = 120  # no request of a serving test waits longer: a hang fails the test
+CLIENT_TIMEOUT = 120  # no request of a serving test waits longer for a byte: a hang fails the test
+# ...except a non-streamed request, whose first byte is its whole answer: after the generations queued before it
+# on a replica, thousands of steps each, at however fast the machine steps.
+ANSWER_TIMEOUT = 600
 # A request's lookahead settings for a generation that must last: one token per step. With drafts, a tiny random
 # model's loops (learnt by the output memory from earlier tests) are accepted dozens of tokens a step, and
 # thousands of tokens end in milliseconds, before a test can act while they run.
@@ -56,7 +59,9 @@ def wait_for(cond, timeout: float) -> bool:
 
 def outcome(base: str, body: dict) -> str:
     """'ok' (complete), 'error' (a status or event with a JSON error body); raises on a hang or a truncation."""
-    r = requests.post(f"{base}/v1/completions", json=body, stream=body.get("stream", False), timeout=CLIENT_TIMEOUT)
+    stream = body.get("stream", False)
+    r = requests.post(f"{base}/v1/completions", json=body, stream=stream,
+                      timeout=CLIENT_TIMEOUT if stream else ANSWER_TIMEOUT)
     if r.status_code != 200:
         assert r.status_code >= 400 and "error" in r.json(), (r.status_code, r.text[:200])
         return f"error-{r.status_code}"

@@ -30,7 +30,18 @@ def test_round_trip_keeps_every_node_and_count(trie, tmp_path):
     back = TokenTrie(4, max_nodes=10_000)
     assert load(f, back, "m:100", vocab_size=100) == trie.node_count
     assert dict(walk(back.root)) == dict(walk(trie.root))
-    assert not f.with_name("mem.trie.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["mem.trie"]  # no temporary file left behind
+
+
+def test_replicas_saving_one_path_at_once_all_succeed(trie, tmp_path):
+    """Replicas that share a memory_path save at shutdown together; each writes its own temporary file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    f = tmp_path / "mem.trie"
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda _: save(trie, f, "m:100"), range(40))) == [trie.node_count] * 40
+    assert load(f, TokenTrie(4, max_nodes=10_000), "m:100") == trie.node_count
+    assert [p.name for p in tmp_path.iterdir()] == ["mem.trie"]
 
 
 def test_loading_a_big_file_into_a_small_memory_evicts_to_its_bound(trie, tmp_path):

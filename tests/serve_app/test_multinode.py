@@ -19,7 +19,7 @@ import requests
 
 from loadtest.sweep import LOCUSTFILE
 from tests.cluster import TwoNodeCluster
-from tests.serving import CLIENT_TIMEOUT, LONG, HeldStreams, outcome, placed, wait_for
+from tests.serving import ANSWER_TIMEOUT, LONG, HeldStreams, outcome, placed, wait_for
 
 DEPLOYMENT = "Model-tiny"
 
@@ -127,7 +127,7 @@ def test_losing_a_node_under_load_loses_no_request_silently(cluster):
 
         assert wait_for(back_on_node_a, 180), "Serve did not bring the deployment back to 2 replicas on node_a"
         recovered = time.monotonic() - t_kill
-        results = [f.result(timeout=CLIENT_TIMEOUT + 30) for f in futures]  # raises on a hang or a truncation
+        results = [f.result(timeout=ANSWER_TIMEOUT + 30) for f in futures]  # raises on a hang or a truncation
     print(f"\nnode_b lost holding {held[nodes['node_b']]} requests (node_a {held[nodes['node_a']]}): "
           f"{results.count('ok')} completed, {len(results) - results.count('ok')} ended with an error: {results}")
     print(f"the deployment was back to 2 running replicas, both on node_a, {recovered:.1f} s after the node was lost")

@@ -17,7 +17,7 @@ import requests
 
 from lookahead.trie import TokenTrie
 from lookahead.trie_store import load as load_memory
-from tests.serving import CLIENT_TIMEOUT, LONG, deploy, outcome, placed, wait_for
+from tests.serving import ANSWER_TIMEOUT, LONG, deploy, outcome, placed, wait_for
 
 APP = "rel"
 MODEL = "tiny"
@@ -35,7 +35,8 @@ def rel(serve_url, tiny_llama_dir, tmp_path_factory):
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
         "limits": {"max_new_tokens": 4000, "max_engine_queue": 8, "max_prompt_tokens": 512},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "max_queued_requests": 16,
-                       "graceful_shutdown_timeout_s": 60},
+                       # a replica told to go drains its generations: 3,000 steps each, however slow the machine
+                       "graceful_shutdown_timeout_s": 600},
     }
     base = serve_url + deploy(APP, {"models": [model], "ingress": {"max_body_bytes": 65536}})
     yield {"base": base, "model": model, "memory": memory}
@@ -60,10 +61,34 @@ def test_a_corrupt_memory_file_is_refused_and_the_replica_starts_empty(rel):
     assert outcome(rel["base"], {"model": MODEL, "prompt": "hello there", "max_tokens": 8, "temperature": 0}) == "ok"
 
 
-def replica_loads(calls: int = 8) -> dict[str, int]:
-    """Requests each replica's engine holds, by replica actor name; concurrent calls reach every replica."""
-    loads = [r.result() for r in [handle().replica_load.remote() for _ in range(calls)]]
-    return {load.actor: load.engine_queue for load in loads}
+def replica_states(calls: int = 8) -> dict:
+    """Each replica's ReplicaLoad, by replica actor name; concurrent calls reach every replica."""
+    return {load.actor: load for load in [r.result() for r in [handle().replica_load.remote() for _ in range(calls)]]}
+
+
+def replica_loads() -> dict[str, int]:
+    """Requests each replica's engine holds, by replica actor name."""
+    return {actor: load.engine_queue for actor, load in replica_states().items()}
+
+
+def replica_completed() -> dict[str, int]:
+    """Requests each replica has generated to their end, by replica actor name."""
+    return {actor: load.completed for actor, load in replica_states().items()}
+
+
+def routed_to_every_replica(base: str, replicas: int = 2) -> None:
+    """Send short requests until each replica has answered one over HTTP. A replica Serve has just replaced
+    is RUNNING before the ingress's router knows it; until then every request goes to the other one."""
+    before = replica_completed()
+    body = {"model": MODEL, "prompt": "are you there", "max_tokens": 2, "temperature": 0}
+
+    def every_replica_answered() -> bool:
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(lambda _: outcome(base, body), range(4))) == ["ok"] * 4
+        now = replica_completed()
+        return len(now) == replicas and all(now[a] > before.get(a, 0) for a in now)
+
+    assert wait_for(every_replica_answered, 90), f"the ingress did not route to all {replicas} replicas"
 
 
 def test_killing_a_replica_mid_load_loses_no_request(rel):
@@ -76,7 +101,7 @@ def test_killing_a_replica_mid_load_loses_no_request(rel):
         held = placed(futures, replica_loads)  # so what the survivor holds when the other dies is known
         victim, survivor = sorted(held, key=held.get, reverse=True)
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        results = [f.result(timeout=CLIENT_TIMEOUT + 30) for f in futures]  # raises on a hang or a truncation
+        results = [f.result(timeout=ANSWER_TIMEOUT + 30) for f in futures]  # raises on a hang or a truncation
     assert len(results) == 16
     print(f"\nreplica killed under load holding {held[victim]} requests (survivor {held[survivor]}): "
           f"{results.count('ok')} ok, {len(results) - results.count('ok')} errors: {results}")
@@ -195,7 +220,7 @@ def test_scale_down_lets_in_flight_generations_finish(rel):
         held = placed(futures, replica_loads)  # the replica that goes holds generations when it is told to go
         smaller = {**rel["model"], "deployment": {**rel["model"]["deployment"], "num_replicas": 1}}
         deploy(APP, {"models": [smaller], "ingress": {"max_body_bytes": 65536}})
-        results = [f.result(timeout=CLIENT_TIMEOUT + 60) for f in futures]
+        results = [f.result(timeout=ANSWER_TIMEOUT + 30) for f in futures]
     assert results == ["ok"] * len(bodies), (held, results)
     assert wait_for(lambda: running_replicas() == 1, 60)
     assert math.isfinite(handle().queue_length.remote().result())
