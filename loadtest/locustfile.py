@@ -51,6 +51,8 @@ def _options(parser) -> None:
                         help="stop after this many requests in all (0: run until -t)")
     parser.add_argument("--endpoint", choices=["chat", "completions"], default=env("LOADTEST_ENDPOINT", "chat"))
     parser.add_argument("--temperature", type=float, default=float(env("LOADTEST_TEMPERATURE", "0")))
+    parser.add_argument("--top-p", type=float, default=float(env("LOADTEST_TOP_P", "1")))
+    parser.add_argument("--top-k", type=int, default=int(env("LOADTEST_TOP_K", "0")), help="0 = off")
     parser.add_argument("--records", default=env("LOADTEST_RECORDS", ""), help="append per-request JSON lines here")
 
 
@@ -88,6 +90,10 @@ class LLMUser(HttpUser):
     def _send(self, opts, index: int, prompt: str) -> dict:
         body = {"model": opts.model, "max_tokens": opts.max_tokens, "temperature": opts.temperature,
                 "stream": True, "stream_options": {"include_usage": True}}
+        if opts.top_p < 1:
+            body["top_p"] = opts.top_p
+        if opts.top_k:
+            body["top_k"] = opts.top_k
         if opts.endpoint == "chat":
             path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
         else:

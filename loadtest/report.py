@@ -15,7 +15,7 @@ def table(levels: list[Level]) -> str:
             f"| {lv.concurrency} | {on.tok_s:.1f} | {off.tok_s:.1f} | **{lv.ratio:.2f}x** "
             f"| {on.p50_latency_s:.2f} / {on.p95_latency_s:.2f} | {off.p50_latency_s:.2f} / {off.p95_latency_s:.2f} "
             f"| {on.p50_ttft_s:.2f} | {off.p50_ttft_s:.2f} | {on.mean_accepted:.2f} "
-            f"| {on.failures} / {off.failures} | {'yes' if lv.identical else 'NO'} ({lv.compared}) |")
+            f"| {on.failures} / {off.failures} | {_identical(lv)} |")
     return "\n".join(rows) + "\n"
 
 
@@ -40,3 +40,7 @@ def plot(levels: list[Level], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _identical(lv) -> str:
+    return "sampled" if lv.identical is None else f"{'yes' if lv.identical else 'NO'} ({lv.compared})"

@@ -34,7 +34,7 @@ class Level:
     on: ArmStats
     off: ArmStats
     ratio: float  # on tok/s / off tok/s: the speedup
-    identical: bool  # every prompt's text equal between the arms
+    identical: bool | None  # every prompt's text equal between the arms; None when sampled (nothing to compare)
     compared: int  # prompts answered by both arms
 
 
@@ -73,13 +73,15 @@ def arm_stats(model: str, records: list[dict]) -> ArmStats:
     )
 
 
-def level(concurrency: int, on_model: str, on: list[dict], off_model: str, off: list[dict]) -> Level:
+def level(concurrency: int, on_model: str, on: list[dict], off_model: str, off: list[dict],
+          sampled: bool = False) -> Level:
     a, b = arm_stats(on_model, on), arm_stats(off_model, off)
     texts_on = {r["index"]: r["text_sha1"] for r in on if r["ok"]}
     texts_off = {r["index"]: r["text_sha1"] for r in off if r["ok"]}
     both = texts_on.keys() & texts_off.keys()
     return Level(concurrency, a, b, ratio=a.tok_s / b.tok_s if b.tok_s else 0.0,
-                 identical=bool(both) and all(texts_on[i] == texts_off[i] for i in both), compared=len(both))
+                 identical=None if sampled else bool(both) and all(texts_on[i] == texts_off[i] for i in both),
+                 compared=0 if sampled else len(both))
 
 
 def as_json(levels: list[Level], meta: dict) -> dict:

@@ -42,7 +42,8 @@ def run_locust(args, model: str, users: int, offset: int, out: Path) -> list[dic
            "--host", args.url, "--csv", str(out / stem), "--loglevel", "WARNING",
            "--model", model, "--prompts", args.prompts, "--prompt-offset", str(offset),
            "--max-tokens", str(args.max_tokens), "--requests", str(args.requests), "--endpoint", args.endpoint,
-           "--temperature", "0", "--records", str(records)]
+           "--temperature", str(args.temperature), "--top-p", str(args.top_p), "--top-k", str(args.top_k),
+           "--records", str(records)]
     with open(out / f"{stem}.log", "w", encoding="utf-8") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     got = summary.load_records(records)
@@ -66,10 +67,17 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--reuse-prompts", action="store_true", help="every level uses the same prompts")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy, the arms' texts compared; > 0: sampled, reported as such, not compared")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--run-timeout", type=int, default=1800, help="seconds one locust run may take")
     p.add_argument("--ready-timeout", type=int, default=600)
     p.add_argument("--out", default=f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     args = p.parse_args(argv)
+    if not (args.temperature >= 0 and 0 < args.top_p <= 1 and args.top_k >= 0):
+        p.error(f"--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0 (got {args.temperature}, "
+                f"{args.top_p}, {args.top_k})")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     if not levels or min(levels) < 1:
         p.error("--levels must list positive integers")
@@ -102,7 +110,8 @@ def main(argv=None) -> int:
                 st = summary.arm_stats(model, per_arm[model])
                 print(f"{st.tok_s:8.1f} tok/s  p50 {st.p50_latency_s:6.2f}s  failures {st.failures}"
                       f"  ({time.monotonic() - t0:.0f}s)", flush=True)
-            lv = summary.level(users, args.on_model, per_arm[args.on_model], args.off_model, per_arm[args.off_model])
+            lv = summary.level(users, args.on_model, per_arm[args.on_model], args.off_model, per_arm[args.off_model],
+                               sampled=args.temperature > 0)
             print(f"    speedup {lv.ratio:.2f}x  identical {lv.identical} ({lv.compared} prompts)", flush=True)
             results.append(lv)
     finally:

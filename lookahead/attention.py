@@ -21,7 +21,7 @@ slot each packed token is, the queries are scattered into the padded
 [rows, heads, width, dim] layout, attend to their own row's keys under the
 batch's 4D tree mask exactly as a padded forward would, and are gathered
 back. Padding costs attention only, never the matmuls. When few rows carry
-drafts (`split_attention`), even that is avoided: all rows' roots attend in
+drafts (`planner.split_attention`), even that is avoided: all rows' roots attend in
 one call and each drafting row's drafts in a call of its own, over its own
 keys, so a plain row never pays for another row's tree.
 """
@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .planner import split_attention
 
 NAME = "lookahead_sdpa"
 
@@ -50,31 +52,12 @@ class RaggedQueries:
     lengths: list[int]  # [rows] each row's committed KV entries (its tree starts there)
     starts: list[int] = field(init=False)  # [rows] where each row's tokens begin in the packed sequence
     roots: torch.Tensor = field(init=False)  # [rows] the same, as an index on the forward's device
-    split: bool = field(init=False)  # attend row by row (`split_attention`), not in the padded layout
+    split: bool = field(init=False)  # attend row by row (`planner.split_attention`), not in the padded layout
 
     def __post_init__(self) -> None:
         self.starts = [0, *accumulate(self.counts[:-1])]
         self.roots = torch.tensor(self.starts, device=self.row_of.device)
         self.split = split_attention(self.rows, sum(c > 1 for c in self.counts))
-
-
-def split_attention(rows: int, drafting: int) -> bool:
-    """Does a ragged forward attend row by row (`_split_sdpa`) rather than in the padded layout?
-
-    Yes when at most a quarter of the rows carry drafts. Padded attention makes
-    every row pay for the widest tree; split attention makes one call for all
-    rows' roots plus one per drafting row. Measured on SmolLM2 at ~650 tokens
-    of context, a draft chain of 8 among 16 rows: 110 ms split, 175 ms padded
-    (85 ms plain); with 4 of 16 rows drafting 177 vs 222 ms; from half the rows
-    drafting up, the per-row calls cost more than the padding they avoid.
-    """
-    return 0 < drafting and 4 * drafting <= rows
-
-
-# What one drafting row's own attention calls (one per layer) add to a split forward, as a share of a
-# one-token forward: measured +5-9 ms per drafting row on SmolLM2 (30 layers, 4-16 rows, ~650 tokens of
-# context) beyond what its extra tokens cost, against ~35-40 ms for a one-token forward.
-SPLIT_ROW_SHARE = 0.2
 
 
 @dataclass

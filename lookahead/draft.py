@@ -5,7 +5,7 @@ Vocabulary:
   of the verification forward and every draft hangs below it.
 - row: a position of the verification forward; row 0 is the root, rows 1..n
   are draft tokens. A row's parent always comes before it, so any prefix of the
-  rows is itself a valid tree (the budget policy truncates that way).
+  rows is itself a valid tree (the planner truncates that way).
 - prob: the trie's estimate that a row lies on the accepted path, i.e.
   count(row's node) / (count(matched node) + 1); the +1 keeps an n-gram seen
   once from claiming certainty. For `hier` the rows come out in

@@ -4,13 +4,19 @@
     handle = engine.add_request(prompt_ids, stop=StopCriteria(128, eos))
     for tokens in handle: ...            # or: async for tokens in handle.stream()
 
-A step is schedule -> run -> postprocess: drop cancelled requests; prefill
-one chunk of the request being prefilled, after copying in whatever prefix of
-its prompt an earlier prompt left in the prefix cache (and admit it to the
-running batch when done); then, for all running requests, draft, pick one tree width for
-the batch from the cost model, verify every row's tree in a single forward,
-accept per row, commit the KV rows and stream the emitted tokens. Finished
-requests leave at once and their KV row is freed.
+A step reads schedule -> plan -> forward -> accept -> commit:
+- schedule: drop cancelled requests; prefill one chunk of the request being
+  prefilled, after copying in whatever prefix of its prompt an earlier prompt
+  left in the prefix cache, and admit it to the running batch when done;
+- plan: every running row proposes its draft tree, and the planner
+  (planner.py) decides how many drafts each row verifies from their
+  calibrated probabilities and the measured step-time table (step_table.py);
+- forward: every row's tree in one forward, its argmax read back once;
+- accept: each row walks its tree with the model's tokens;
+- commit: keep the accepted KV entries, stream the emitted tokens, time the
+  whole step into the table. Finished requests leave at once and free their row.
+
+A single stream (`LookaheadDecoder.generate`) is this step on a batch of one.
 
 The engine runs in one background thread; `add_request` and `cancel` are
 thread-safe, and handles deliver tokens to a thread or to an asyncio loop.
@@ -25,15 +31,13 @@ import time
 from collections import deque
 from collections.abc import Sequence as Seq
 
-from .attention import split_attention
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
-from .policy import choose_counts, choose_width
 from .payoff import Payoff
+from .planner import plan_step
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
-from .step_price import StepPrices, model_ms
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,19 @@ class RequestHandle:
         self.cancelled = True
         self._engine._wake.set()
 
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def drain(self) -> list[list[int]]:
+        """The token events delivered so far, without waiting (for a caller stepping the engine itself)."""
+        out = []
+        while not self._events.empty():
+            tokens = _unpack(*self._events.get_nowait())
+            if tokens is not None:
+                out.append(tokens)
+        return out
+
     def result(self, timeout: float | None = None) -> Generation:
         if not self._finished.wait(timeout):
             raise TimeoutError("the request has not finished")
@@ -114,10 +131,10 @@ class Engine:
         self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
         self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
         self.steps = 0
-        self.forward_tokens = 0  # rows x width, summed over decode forwards
-        # decode steps by kind: verified drafts / went plain by the budget's choice / held plain by the payoff check
+        self.forward_tokens = 0  # tokens the decode forwards computed, summed
+        # decode steps by kind: verified drafts / went plain by the planner's choice / held plain by the payoff check
         self.decode_steps = {"drafting": 0, "plain": 0, "held": 0}
-        self.prices = StepPrices()  # the start-up cost curve, corrected by the forwards timed while serving
+        self.table = decoder.step_table(config.max_batch_size, config.max_tokens_per_step, self.ragged)
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -127,7 +144,10 @@ class Engine:
             raise ValueError(
                 f"decoding_length={la.decoding_length} exceeds this engine's {self.decoder.config.decoding_length}"
             )
-        seq = self.decoder.new_sequence(prompt_ids, **kwargs)
+        return self.submit(self.decoder.new_sequence(prompt_ids, **kwargs), loop=loop)
+
+    def submit(self, seq: Sequence, *, loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
+        """Queue a request built by `decoder.new_sequence`."""
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -296,88 +316,43 @@ class Engine:
         d, running = self.decoder, self.scheduler.running
         n = len(running)
         t0 = time.perf_counter()
-        allow = self.payoff.allow(n)
         builds = sum(seq.index_build_s for seq in running)
+        # plan
+        allow = self.payoff.allow(n)
         trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
-        curve = d.cost.curve_at(sum(len(seq.ctx) for seq in running) // n)  # forward cost at this context
-        counts, priced_out = self._budget(running, trees, curve)
-        trees = [t.truncated(c - 1) for t, c in zip(trees, counts)]
-        width = max(len(t.tokens) for t in trees)
-        ragged = self.ragged
-        tokens = sum(len(t.tokens) for t in trees) if ragged else n * width
-        drafting = sum(len(t.tokens) > 1 for t in trees)
+        plan = plan_step([seq.candidates(t, d.calibration) for seq, t in zip(running, trees)], self.table,
+                         self.config.max_tokens_per_step, self.ragged)
+        trees = [t.truncated(c) for t, c in zip(trees, plan.counts)]
         t1 = time.perf_counter()
-        logits = self.runner.verify_batch(self.cache, trees, width, ragged=ragged)  # row b: [>= its tree, vocab]
+        # forward
+        logits = self.runner.verify_batch(self.cache, trees, plan.width, ragged=self.ragged)
+        greedy = logits.argmax()  # every row's argmax, one read back
         t2 = time.perf_counter()
-        self.forward_tokens += tokens
-        split = ragged and split_attention(n, drafting)
-        self.prices.observe_forward((n, width, split), (t2 - t1) * 1e3, model_ms(curve, n, tokens, width, ragged, drafting))
+        # accept
         keeps, done, delivered = [], [], 0
         for row, (seq, tree) in enumerate(zip(running, trees)):
-            acc = seq.choose(tree, logits[row])
+            start = logits.starts[row]
+            acc = seq.choose(tree, logits[row], greedy[start : start + len(tree.tokens)])
             keeps.append([0] + acc.rows)
             emitted = seq.advance(tree, acc, d.calibration)
             delivered += len(emitted)
             seq.stats.query_ms += (t1 - t0) * 1e3 / n
             seq.stats.forward_ms += (t2 - t1) * 1e3
+            if seq.la.debug:
+                log.info("step %d: %d drafts (match %d), accepted %d", seq.stats.steps, tree.num_drafts,
+                         tree.match_length, len(acc.rows))
             self._handles[id(seq)]._push(_TOKENS, emitted)
             if seq.finished:
                 done.append(row)
+        # commit
         self.cache.commit(keeps)
-        # A request's first proposal indexes its n-grams: a one-off, kept out of what a drafting step costs.
-        built = sum(seq.index_build_s for seq in running) - builds
-        step_s = time.perf_counter() - t0 - built
-        self.payoff.record(n, tokens > n, delivered, step_s, priced_out)
-        self.decode_steps["drafting" if tokens > n else "plain" if allow else "held"] += 1
-        self.prices.observe_host(n, tokens > n, (step_s - (t2 - t1)) * 1e3)
+        self.forward_tokens += n + plan.inflight
+        # A request's first proposal indexes its n-grams: a one-off, kept out of what a step costs.
+        step_s = time.perf_counter() - t0 - (sum(seq.index_build_s for seq in running) - builds)
+        self.table.observe(plan.layout, n, plan.inflight, step_s * 1e3)
+        self.payoff.record(n, plan.inflight > 0, delivered, step_s)
+        self.decode_steps["drafting" if plan.inflight else "plain" if allow else "held"] += 1
         for row in sorted(done, reverse=True):
             seq = running[row]
             self._release(row)
             self._finish(seq, seq.finish_reason)
-
-    # A calibrated draft probability at which a declined draft was declined for its price, not for a weak match:
-    # SmolLM2's narrativeqa drafts rated 0.2-0.3 are taken at 1-4 rows and declined at 9-16.
-    LIKELY = 0.2
-
-    def _budget(self, running: list[Sequence], trees, curve) -> tuple[list[int], bool]:
-        """Tree tokens (root included) each row verifies this step, and whether the adaptive rows held a
-        likely draft (`LIKELY`) yet all went plain: priced out (`Payoff`).
-
-        Fixed-budget rows keep their whole trees. Adaptive rows share the step
-        by expected gain: in a ragged forward each row sends only its own
-        tokens, so the batch takes the most likely drafts wherever they are
-        (`choose_counts`); in a padded one every row pays for the widest tree,
-        so the batch picks one width (`choose_width`).
-        """
-        n = len(running)
-        cap = self.config.max_tokens_per_step
-        full = [len(t.tokens) for t in trees]
-        adaptive = [b for b, seq in enumerate(running) if seq.la.adaptive]
-        counts = [1 if b in adaptive else full[b] for b in range(n)]
-        ragged = self.ragged
-        likely = False
-        if adaptive and any(full[b] > 1 for b in adaptive):
-            cal = self.decoder.calibration
-            probs = [[p * running[b].draft_factor(cal, trees[b].match_length) for p in trees[b].probs[1:]]
-                     for b in adaptive]
-            likely = any(p and p[0] >= self.LIKELY for p in probs)
-            cost = self.prices.relative_cost(n, curve, ragged)
-            if ragged:
-                other = sum(counts) - len(adaptive)  # the fixed-budget rows' tokens
-                fixed_width = max((counts[b] for b in range(n) if b not in adaptive), default=1)
-                fixed_drafting = sum(counts[b] > 1 for b in range(n) if b not in adaptive)
-                chosen = choose_counts(probs, lambda t, w, k: cost(t + other, max(w, fixed_width), k + fixed_drafting),
-                                       cap - other)
-                for b, k in zip(adaptive, chosen):
-                    counts[b] = 1 + k
-            else:
-                width = choose_width(probs, lambda t: cost(t, t // n, n), cap, max(full[b] for b in adaptive))
-                for b in adaptive:
-                    counts[b] = min(full[b], width)
-        if ragged:
-            while sum(counts) > cap and max(counts) > 1:  # fixed-budget rows over the cap: trim the widest
-                counts[counts.index(max(counts))] -= 1
-        else:
-            width = max(1, min(max(counts), cap // n))
-            counts = [min(c, width) for c in counts]
-        return counts, likely and all(counts[b] == 1 for b in adaptive)

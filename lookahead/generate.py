@@ -1,42 +1,38 @@
-"""One request, start to finish: prefill, then draft -> verify -> commit -> learn.
+"""One request at a time: `LookaheadDecoder.generate` and `stream` run the batching engine's step on a batch of one.
 
-Each step takes the last token as the tree root, asks the tries for drafts
-continuing the context, lets the cost policy trim them (to nothing when they
-would not pay for their forward), verifies the tree in one forward, accepts
-the longest agreeing path plus the bonus token, keeps only those KV entries,
-and teaches the request's own trie what was emitted. When the request ends,
-its output goes into the shared memory for later requests.
+There is one step implementation (engine.py: schedule -> plan -> forward ->
+accept -> commit); a single stream is that step with one row, run on the
+caller's thread. With lookahead disabled the same loop runs root-only trees:
+the project's own plain decoder, kept as a second oracle beside
+`model.generate`.
 
-With lookahead disabled the same loop runs root-only trees: the project's own
-plain decoder, kept as a second oracle beside `model.generate`. The batching
-engine (engine.py) runs the same `Sequence` steps for many requests at once.
+The decoder holds what lookahead shares across requests and engines: the
+output memory, the calibration of the trie's estimates, and the step-time
+tables (one per engine shape, seeded from the model's own forwards).
 """
 
-import logging
-import time
 from collections.abc import Iterator, Sequence as Seq
 
 from .config import LookaheadConfig, from_pia_kwargs
-from .policy import CalibrationTable, CostModel, choose_drafts
+from .calibration import CalibrationTable
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .sequence import Generation, Sequence, StopCriteria
+from .step_table import StepTable
 from .trie import TokenTrie
-
-log = logging.getLogger(__name__)
 
 __all__ = ["LookaheadDecoder", "GenerationStream", "Generation", "StopCriteria"]
 
 
 class LookaheadDecoder:
-    """A model runner plus the state lookahead shares across requests: output memory, cost model, calibration."""
+    """A model runner plus the state lookahead shares across requests: output memory, calibration, step tables."""
 
     def __init__(
         self,
         runner: ModelRunner,
         config: LookaheadConfig = LookaheadConfig(),
         tokenizer=None,
-        cost: CostModel | None = None,
+        table: StepTable | None = None,
         eos_token_ids: Seq[int] = (),
     ) -> None:
         self.runner = runner
@@ -44,8 +40,21 @@ class LookaheadDecoder:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.memory = TokenTrie(config.branch_length + 1, config.stop_words, max_nodes=config.memory_max_nodes)
-        self.cost = cost if cost is not None else (runner.measure_cost_model() if config.adaptive else CostModel.flat())
+        # A given table serves every engine (tests; `flat` when the budget is fixed); else each engine shape
+        # gets its own, seeded at its first use from timed forwards.
+        self.table = table if table is not None else (None if config.adaptive else StepTable.flat())
+        self._tables: dict[tuple[int, int, bool], StepTable] = {}
         self.calibration = CalibrationTable()
+        self._single = None  # the batch-of-one engine `stream` runs
+
+    def step_table(self, max_rows: int, max_tokens: int, ragged: bool) -> StepTable:
+        if self.table is not None:
+            return self.table
+        key = (max_rows, max_tokens, ragged)
+        if key not in self._tables:
+            width = min(max_tokens, self.config.decoding_length + 1)
+            self._tables[key] = self.runner.seed_step_table(max_rows, max_tokens, width, ragged)
+        return self._tables[key]
 
     def new_sequence(
         self,
@@ -62,6 +71,18 @@ class LookaheadDecoder:
             )
         stop = stop or StopCriteria(eos_token_ids=self.eos_token_ids)
         return Sequence(list(prompt_ids), stop, sampling, la, self.tokenizer)
+
+    def single_engine(self):
+        """The engine of one row that `stream` and `generate` step on the caller's thread (no prefix cache:
+        every call prefills its prompt, as plain decoding does)."""
+        if self._single is None:
+            from .engine import Engine
+            from .scheduler import SchedulerConfig
+
+            tokens = self.config.decoding_length + 1
+            self._single = Engine(self, SchedulerConfig(max_batch_size=1, max_tokens_per_step=tokens,
+                                                        prefill_chunk=1 << 30, prefix_cache_mb=0))
+        return self._single
 
     def stream(self, prompt_ids: Seq[int], **kwargs) -> "GenerationStream":
         return GenerationStream(self, self.new_sequence(prompt_ids, **kwargs))
@@ -96,31 +117,14 @@ class GenerationStream:
         return self.seq.result()
 
     def __iter__(self) -> Iterator[list[int]]:
-        d, seq = self.decoder, self.seq
-        la, st = seq.la, seq.stats
-        cache = d.runner.new_cache(len(seq.ctx) + seq.stop.max_new_tokens + la.decoding_length + 2)
-        t0 = time.perf_counter()
-        d.runner.prefill(cache, seq.ctx[:-1])
-        st.prefill_ms = (time.perf_counter() - t0) * 1e3
+        engine = self.decoder.single_engine()
+        assert not engine.alive and engine.scheduler.idle(), "one stream at a time per decoder"
+        handle = engine.submit(self.seq, loop=None)
         try:
-            while not seq.finished:
-                t0 = time.perf_counter()
-                tree = seq.propose(d.memory)
-                if la.adaptive and tree.num_drafts:
-                    cost = d.cost.curve_at(len(seq.ctx))
-                    factor = d.calibration.factor(tree.match_length)
-                    tree = tree.truncated(choose_drafts(tree.probs, cost, factor, la.decoding_length))
-                t1 = time.perf_counter()
-                logits = d.runner.verify(cache, tree)  # [1 + drafts, vocab]
-                t2 = time.perf_counter()
-                acc = seq.choose(tree, logits)
-                cache.commit(cache.length, [0] + acc.rows)
-                emitted = seq.advance(tree, acc, d.calibration)
-                st.query_ms += (t1 - t0) * 1e3
-                st.forward_ms += (t2 - t1) * 1e3
-                if la.debug:
-                    log.info("step %d: %d drafts (match %d), accepted %d",
-                             st.steps, tree.num_drafts, tree.match_length, len(acc.rows))
-                yield emitted
+            while not handle.done:
+                engine.step()
+                yield from handle.drain()
         finally:
-            seq.close(d.memory)
+            if not handle.done:  # the caller stopped early: end it and free its row
+                handle.cancel()
+                engine.step()

@@ -1,4 +1,4 @@
-"""The one module that runs the model: prefill, tree verification, cost curve.
+"""The one module that runs the model: prefill, tree verification, the step-time table's start-up seed.
 
 Everything above it (draft, verify, generate) passes token lists and gets
 logits back; only here do tensors meet the device. Works on any Hugging Face
@@ -10,6 +10,7 @@ import inspect
 import logging
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -18,22 +19,52 @@ from .draft import DraftTree
 from .fast_linear import FastLinears
 from .batch_cache import BatchKVCache
 from .kv_cache import KVCache
-from .policy import CostCurve, CostModel
+from .planner import layout_of
+from .step_table import StepTable
 from .tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
 
 log = logging.getLogger(__name__)
 
-COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+SEED_DRAFTS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # the step table's draft-token grid
 
 
 class UnsupportedModelError(ValueError):
     pass
 
 
+@dataclass
+class _Hooks:
+    """What a runner installs on its model, once per model: every runner of that model shares it."""
+
+    fast: FastLinears
+    attn: attention.AttentionSwitch
+    packed_attention: bool
+
+
+@dataclass
+class BatchLogits:
+    """A batch forward's logits, every row's tree rows packed: row b's are logits[starts[b]:starts[b] + its tree]."""
+
+    logits: torch.Tensor  # [tokens, vocab] float
+    starts: list[int]  # [rows]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, b: int) -> torch.Tensor:
+        end = self.starts[b + 1] if b + 1 < len(self.starts) else self.logits.shape[0]
+        return self.logits[self.starts[b] : end]
+
+    def argmax(self) -> list[int]:
+        """Every packed row's argmax, read back in one transfer (the step's one host-device sync)."""
+        return self.logits.argmax(-1).tolist()
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         params = inspect.signature(model.forward).parameters
         # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -41,10 +72,15 @@ class ModelRunner:
         self.num_layers = model.config.get_text_config().num_hidden_layers
         if fast_small_matmul is None:
             fast_small_matmul = self.device.type == "cpu"
-        self._fast = FastLinears(model, fast_small_matmul)
         # Tree forwards attend without copying K/V per query-head group, and batches may be ragged (attention.py).
-        self._attn = attention.AttentionSwitch()
-        self.packed_attention = attention.install(model, self._attn)
+        # Installed once per model: a second runner shares the first one's hooks (installing again would find
+        # the attention already renamed, and leave the first runner's fast linears switched off for good).
+        hooks = getattr(model, "_lookahead_hooks", None)
+        if hooks is None:
+            switch = attention.AttentionSwitch()
+            hooks = _Hooks(FastLinears(model, fast_small_matmul), switch, attention.install(model, switch))
+            model._lookahead_hooks = hooks
+        self._fast, self._attn, self.packed_attention = hooks.fast, hooks.attn, hooks.packed_attention
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
 
     @contextmanager
@@ -99,7 +135,7 @@ class ModelRunner:
         return self._forward(cache, tree_inputs(tree, cache.length, self.device), keep_last=len(tree.tokens))
 
     def verify_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int,
-                     ragged: bool = False) -> list[torch.Tensor]:
+                     ragged: bool = False) -> BatchLogits:
         """Logits of every row's tree, row b's as [>= len(trees[b].tokens), vocab]; call cache.commit next.
 
         Padded: every row sends `width` tokens. Ragged (when the model allows it): row b sends only its
@@ -113,7 +149,7 @@ class ModelRunner:
             with torch.inference_mode(), self._active():
                 out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                                  position_ids=inputs.position_ids, **kwargs)
-            return list(out.logits.float())
+            return BatchLogits(out.logits.float().flatten(0, 1), [b * width for b in range(len(trees))])
         plan = cache.begin_forward(width, counts)
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
         layout = attention.RaggedQueries(len(trees), width, plan.row_of, slot_of,
@@ -122,7 +158,7 @@ class ModelRunner:
             out = self.model(input_ids=inputs.input_ids[plan.row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
                              position_ids=inputs.position_ids[plan.row_of, slot_of][None], **kwargs)
-        return list(out.logits[0].float().split(counts))
+        return BatchLogits(out.logits[0].float(), layout.starts)
 
     # ---- start-up checks -------------------------------------------------
     @torch.inference_mode()
@@ -143,7 +179,7 @@ class ModelRunner:
         except Exception as e:  # noqa: BLE001 - any failure here means "unsupported"
             raise UnsupportedModelError(f"{name} failed a forward with a 4D attention mask: {e}") from e
         for row, ref in enumerate(alone):
-            if not torch.allclose(both[row], ref, atol=1e-3, rtol=1e-3):
+            if not logits_agree(both[row], ref, self.dtype):
                 raise UnsupportedModelError(
                     f"{name} ignores 4D attention masks (sibling rows leak into each other); "
                     "lookahead tree verification cannot run on it"
@@ -174,48 +210,86 @@ class ModelRunner:
                 return False
         for padded, ragged, tree in zip(*outs, trees):
             n = len(tree.tokens)
-            if not torch.allclose(padded[:n], ragged[:n], atol=1e-3, rtol=1e-3):
+            if not logits_agree(padded[:n], ragged[:n], self.dtype):
                 log.info("%s: ragged batch forwards disagree with padded ones; batches are padded",
                          type(self.model).__name__)
                 return False
         return True
 
-    def measure_cost_model(self, short_context: int = 512, long_context: int = 2048) -> CostModel:
-        long_context = min(long_context, self._max_positions() - max(COST_SIZES) - 1)
-        short_context = min(short_context, long_context // 2)
-        return CostModel(self.measure_cost_curve(short_context), self.measure_cost_curve(long_context),
-                         short_context, long_context)
-
     def _max_positions(self) -> int:
         return getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 4096
 
     @torch.inference_mode()
-    def measure_cost_curve(self, context: int = 512, sizes: tuple[int, ...] = COST_SIZES, rounds: int = 3) -> CostCurve:
-        """ms of a verification forward of each size, after `context` committed tokens.
+    def seed_step_table(self, max_rows: int, max_tokens: int, max_width: int, ragged: bool,
+                        context: int = 512, rounds: int = 2) -> StepTable:
+        """The step table's start-up seed: ms of a batch forward, launch to its argmax read back, over a short
+        grid of rows x draft tokens (`max_tokens` at most in flight, trees `max_width` wide at most), in every
+        layout the engine may run, after `context` tokens in every row.
 
-        Sizes are interleaved over several rounds and the fastest time kept, so
-        a burst of noise from a shared machine does not skew one size; the curve
-        is then made non-decreasing (a bigger forward never looks cheaper).
+        Packed forwards are timed with every row drafting alike; split ones with a quarter of the rows
+        drafting; padded ones at whole widths. Each point is the fastest of `rounds` (after a warm-up),
+        interleaved so a burst of noise from a shared machine does not skew one point; between measured
+        points, and past the last, the grid is filled linearly. The engine refines the table while serving.
         """
+        context = max(1, min(context, self._max_positions() - max_width - 2))
+        rows_grid = sorted({1 << i for i in range(max_rows.bit_length())} | {max_rows})
+        drafts_grid = tuple(d for d in SEED_DRAFTS if d < max_tokens) or (0,)
+        layouts = ("packed", "split") if ragged and self.ragged else ("padded",)
         vocab = self.model.config.get_text_config().vocab_size
-        gen = torch.Generator().manual_seed(0)
-        ctx = torch.randint(0, vocab, (context,), generator=gen).tolist()
-        cache = self.new_cache(context + max(sizes) + 1)
-        self.prefill(cache, ctx)
-        best = {n: float("inf") for n in sizes}
-        chains = {n: DraftTree(ctx[:n], [-1] + list(range(n - 1)), list(range(n)), [1.0] * n) for n in sizes}
-        for n in sizes:  # warm-up
-            self.verify(cache, chains[n])
-        for _ in range(rounds):
-            for n in sizes:
-                t0 = time.perf_counter()
-                self.verify(cache, chains[n])
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
-                best[n] = min(best[n], (time.perf_counter() - t0) * 1e3)
-        points, floor = {}, 0.0
-        for n in sorted(sizes):
-            floor = max(floor, best[n])
-            points[n] = floor
-        log.info("forward cost at context %d (ms by tokens): %s", context, {k: round(v, 1) for k, v in points.items()})
-        return CostCurve(points)
+        ctx = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+        single = self.new_cache(context + max_width + 1)
+        self.prefill(single, ctx)
+        chain = lambda k: DraftTree(ctx[: k + 1], list(range(-1, k)), list(range(k + 1)), [1.0] * (k + 1))  # noqa: E731
+        points: dict[tuple[str, int], dict[int, float]] = {}  # (layout, rows) -> {drafts in flight: ms}
+        for r in rows_grid:
+            cache = self.new_batch_cache(r)
+            for _ in range(r):
+                cache.admit(single, max_width + 1)
+            shapes = [("plain", 0, [chain(0)] * r)]
+            for layout in layouts:
+                drafting = r if layout != "split" else r // 4
+                k = 1
+                while drafting and k < max_width and r + drafting * k <= max_tokens:
+                    if layout_of(r, drafting, layout != "padded") == layout:
+                        shapes.append((layout, drafting * k, [chain(k)] * drafting + [chain(0)] * (r - drafting)))
+                    k *= 2
+            best = {(lay, d): float("inf") for lay, d, _ in shapes}
+            for timed in [False] + [True] * rounds:
+                for lay, d, trees in shapes:
+                    width = max(len(t.tokens) for t in trees)
+                    t0 = time.perf_counter()
+                    self.verify_batch(cache, trees, width, ragged=lay != "padded").argmax()
+                    if timed:
+                        best[lay, d] = min(best[lay, d], (time.perf_counter() - t0) * 1e3)
+            for layout in layouts:
+                points[layout, r] = {0: best["plain", 0], **{d: ms for (lay, d), ms in best.items() if lay == layout}}
+        fill = lambda layout, r, d: _linear(points.get((layout, r)) or points[layouts[0], r], d)  # noqa: E731
+        table = StepTable.from_function(rows_grid, drafts_grid, fill, layouts)
+        log.info("step table (ms by layout, rows, draft tokens in flight): %s", table.summary())
+        return table
+
+
+def logits_agree(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, ulps: float = 4.0) -> bool:
+    """Two forwards of the same tokens agree up to the model dtype's rounding: within `ulps` units of its
+    last place at the largest logit (at least 1e-3, and 1e-3 relative), and with the same best token
+    wherever the best two are further apart than that. In bf16 one unit at a logit of 8 is 0.03, and a
+    one-token and a two-token forward run different kernels; a real mask leak moves logits by O(1)."""
+    scale = float(torch.maximum(a.abs().amax(), b.abs().amax()))
+    tol = max(1e-3, ulps * torch.finfo(dtype).eps * scale)
+    if not torch.allclose(a, b, atol=tol, rtol=1e-3):
+        return False
+    best_a, best_b = a.argmax(-1, keepdim=True), b.argmax(-1, keepdim=True)
+    return bool((b.gather(-1, best_a) >= b.gather(-1, best_b) - 2 * tol).all())
+
+
+def _linear(points: dict[int, float], x: int) -> float:
+    """Piecewise-linear through the measured points, extended along the last segment, never decreasing."""
+    xs = sorted(points)
+    ys, floor = [], 0.0
+    for k in xs:
+        floor = max(floor, points[k])
+        ys.append(floor)
+    if len(xs) == 1:
+        return ys[0]
+    i = max(0, min(len(xs) - 2, next((j - 1 for j, k in enumerate(xs) if k >= x), len(xs) - 2)))
+    return ys[i] + (ys[i + 1] - ys[i]) * (x - xs[i]) / (xs[i + 1] - xs[i])

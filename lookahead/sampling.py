@@ -45,18 +45,29 @@ def apply_repetition_penalty(scores: torch.Tensor, context: torch.Tensor, penalt
 
 
 def warp(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k, top-p on a [vocab] row; filtered entries become -inf."""
+    """Temperature, top-k, top-p on [..., vocab] rows, each row on its own; filtered entries become -inf."""
     scores = scores / p.temperature
     if 0 < p.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, p.top_k).values[-1]
+        kth = torch.topk(scores, p.top_k).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if p.top_p < 1.0:
         sorted_scores, order = torch.sort(scores, descending=False)
         cum = sorted_scores.softmax(-1).cumsum(-1)
         drop = cum <= 1 - p.top_p
-        drop[-1] = False
+        drop[..., -1] = False
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return scores
+
+
+def sample_rows(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> list[int]:
+    """One independent draw from every row of [rows, vocab], processed and sampled together, read back once.
+
+    Exact for a tree: the acceptance walk consumes the draws of the rows it visits, each drawn from that
+    row's own distribution, whichever others were drawn beside it (no repetition penalty: that depends on
+    each row's path, see RowChooser).
+    """
+    probs = warp(logits, p).softmax(-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].tolist()
 
 
 @dataclass

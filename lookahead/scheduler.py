@@ -11,8 +11,10 @@ place (the cache does the same), so rows stay contiguous.
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .sequence import Sequence
+if TYPE_CHECKING:  # the scheduler only holds them; sequence.py imports torch
+    from .sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class SchedulerConfig:
 
 @dataclass
 class Prefill:
-    seq: Sequence
+    seq: "Sequence"
     done: int = 0  # prompt tokens already in its cache (all but the last, the first root, get prefilled)
 
     @property
@@ -54,9 +56,9 @@ class Scheduler:
     config: SchedulerConfig
     waiting: deque = field(default_factory=deque)  # of Sequence
     prefilling: Prefill | None = None
-    running: list[Sequence] = field(default_factory=list)  # index = batch row
+    running: list["Sequence"] = field(default_factory=list)  # index = batch row
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: "Sequence") -> None:
         self.waiting.append(seq)
 
     def next_prefill_chunk(self) -> tuple[Prefill, int, int] | None:
@@ -76,7 +78,7 @@ class Scheduler:
             and len(self.running) < self.config.max_batch_size
         )
 
-    def admit(self) -> Sequence:
+    def admit(self) -> "Sequence":
         seq = self.prefilling.seq
         self.prefilling = None
         self.running.append(seq)

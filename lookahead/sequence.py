@@ -7,7 +7,7 @@ stop condition and learns from what it emitted. It never touches the model:
 whoever runs the forward (one request, or a batch of them) hands it its rows
 of logits.
 
-A step whose drafts were all cut (the budget policy chose a plain step) still
+A step whose drafts were all cut (the planner chose a plain step) still
 teaches: the full proposal is kept as a shadow, and once the tokens it would
 have covered are out, the acceptance walk is replayed against them. The
 calibration therefore keeps learning while drafting is off, and a request or
@@ -23,8 +23,9 @@ import torch
 
 from .config import LookaheadConfig
 from .draft import DraftTree, build_tree, match, root_only
-from .policy import Calibration, CalibrationTable
-from .sampling import RowChooser, SamplingParams
+from .planner import RowDrafts
+from .calibration import Calibration, CalibrationTable
+from .sampling import RowChooser, SamplingParams, sample_rows
 from .stats import RequestStats
 from .ngram_index import NGramIndex
 from .trie import TokenTrie
@@ -134,11 +135,19 @@ class Sequence:
         shared = calibration.factor(match_length)
         return min(1.0, shared * self.own_calibration.factor ** 0.5)
 
-    def choose(self, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
-        """Walk the tree with the model's tokens; `logits` is [rows >= tree rows, vocab]."""
+    def candidates(self, tree: DraftTree, calibration: CalibrationTable) -> RowDrafts:
+        """What the planner weighs for this row: its drafts' calibrated probabilities, or a fixed budget."""
+        factor = self.draft_factor(calibration, tree.match_length)
+        return RowDrafts([p * factor for p in tree.probs[1:]], fixed=not self.la.adaptive)
+
+    def choose(self, tree: DraftTree, logits: torch.Tensor, greedy: list[int]) -> Acceptance:
+        """Walk the tree with the model's tokens; `logits` is [rows >= tree rows, vocab], `greedy` its
+        rows' argmax, already read back."""
         if not self.sampling.needs_processing:
-            preds = logits[: len(tree.tokens)].argmax(-1).tolist()
-            return accept(tree, lambda row, path: preds[row])
+            return accept(tree, lambda row, path: greedy[row])
+        if self.sampling.repetition_penalty == 1.0:  # sampled: every tree row drawn at once
+            draws = sample_rows(logits[: len(tree.tokens)], self.sampling, self.generator)
+            return accept(tree, lambda row, path: draws[row])
         chooser = RowChooser(self.sampling, self.ctx, self.generator)
         return accept(tree, lambda row, path: chooser(logits[row], path))
 

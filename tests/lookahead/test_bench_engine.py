@@ -3,7 +3,7 @@
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead import bench_engine
 from lookahead.bench_engine import run_levels
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
 
@@ -15,7 +15,7 @@ PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], [2, 9, 2, 9, 2
 
 def levels(min_seconds=0.0, repeats=1, references=None, warmup=0):
     model = tiny("llama")
-    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=8, branch_length=4), cost=CostModel.flat())
+    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=8, branch_length=4), table=StepTable.flat())
     refs = references or [hf_greedy(model, p, 12) for p in PROMPTS]
     reported = []
     out = run_levels(dec, PROMPTS, refs, [1, 3], StopCriteria(12), SchedulerConfig(max_batch_size=3), reported.append,

@@ -8,10 +8,9 @@ import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine import Engine
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
-from lookahead.sequence import Sequence
 
 from .test_lossless_architectures import hf_greedy
 from .tiny_models import tiny
@@ -22,7 +21,7 @@ PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], list(range(10,
 def make_engine(family="llama", adaptive=False, **sched):
     model = tiny(family)
     la = LookaheadConfig(decoding_length=16, branch_length=6, adaptive=adaptive)
-    dec = LookaheadDecoder(ModelRunner(model), la, cost=None if adaptive else CostModel.flat())
+    dec = LookaheadDecoder(ModelRunner(model), la, table=None if adaptive else StepTable.flat())
     return model, Engine(dec, SchedulerConfig(**{"max_batch_size": 4, "max_tokens_per_step": 64, **sched}))
 
 
@@ -173,7 +172,7 @@ def test_batched_sampling_keeps_the_exact_distribution():
     with torch.no_grad():
         model.lm_head.weight.div_(4.0)
     la = LookaheadConfig(decoding_length=16, branch_length=3, max_query_length=1, adaptive=False)
-    dec = LookaheadDecoder(ModelRunner(model), la, cost=CostModel.flat())
+    dec = LookaheadDecoder(ModelRunner(model), la, table=StepTable.flat())
     import random
 
     rng = random.Random(0)
@@ -235,22 +234,36 @@ def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossle
     assert engine.payoff.rates(2)[1].steps > 5
 
 
-def test_where_the_budget_prices_every_likely_draft_out_rows_stop_proposing_and_stay_lossless(monkeypatch):
+def test_where_the_table_says_every_draft_costs_a_step_the_batch_decodes_plainly_and_stays_lossless():
     model, engine = make_engine(adaptive=True)
-    engine.payoff.probe_every = 10**6  # no probes in this test
     refs = [hf_greedy(model, p, 40) for p in PROMPTS[:2]]
     for r in refs:
         engine.decoder.memory.add_sequence(r)  # every row holds likely drafts...
-    too_dear = lambda rows, curve, ragged: lambda tokens, width, drafting: 1.0 if tokens <= rows else 100.0  # noqa: E731
-    monkeypatch.setattr(engine.prices, "relative_cost", too_dear)  # ...that no step can afford
-    proposals = []
-    real = Sequence.propose
-    monkeypatch.setattr(Sequence, "propose",
-                        lambda self, memory: proposals.append(len(engine.scheduler.running)) or real(self, memory))
+    engine.table = StepTable.from_function((1, 4), (0, 64), lambda _, rows, drafts: 10.0 * (rows + drafts))
+    engine.table.rate = 0.0  # ...that no step can afford, and measuring does not change that
     handles = [engine.add_request(p, stop=StopCriteria(40)) for p in PROMPTS[:2]]
     assert [r.tokens for r in drain(engine, handles)] == refs
-    assert engine.payoff.rates(2)[0].steps == 0  # nothing was drafted
-    # Once both ran, the two rows proposed for min_steps steps; then their priced-out class stopped building trees.
-    assert proposals.count(2) == 2 * engine.payoff.min_steps
-    steps = engine.decode_steps
-    assert steps["drafting"] == 0 and steps["plain"] >= engine.payoff.min_steps and steps["held"] > 0
+    assert engine.decode_steps["drafting"] == 0 and engine.decode_steps["plain"] > 0
+
+
+def test_a_greedy_decode_step_reads_back_from_the_device_once(monkeypatch):
+    """Every row's argmax comes back in one transfer per step, however many rows and drafts; on a GPU each
+    read back waits for the device. Counted: every way a tensor's values reach Python."""
+    model, engine = make_engine(max_batch_size=4)
+    for p in PROMPTS[:3]:
+        engine.decoder.memory.add_sequence(hf_greedy(model, p, 30))  # rows draft, and accept
+    handles = [engine.add_request(p, stop=StopCriteria(30)) for p in PROMPTS[:3]]
+    while len(engine.scheduler.running) < 3:
+        engine.step()
+    reads = []
+    for name in ("tolist", "item", "__int__", "__float__", "__bool__", "numpy", "cpu", "__index__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, _name=name, **k:
+                            reads.append(_name) or _real(self, *a, **k))
+    before = engine.decode_steps["drafting"]
+    engine._decode_step()
+    drafted = engine.decode_steps["drafting"] - before
+    monkeypatch.undo()
+    assert drafted == 1  # the counted step verified drafts
+    assert reads == ["tolist"], reads
+    drain(engine, handles)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 
 from .tiny_models import FAMILIES, tiny
@@ -31,7 +31,7 @@ def assert_single_stream_lossless(model, mode: str = "hier", prompts=PROMPTS) ->
     runner.check_tree_masks()
     # Flat cost: always verify the whole tree, so the draft path is exercised as hard as possible.
     cfg = LookaheadConfig(decoding_length=16, branch_length=6, decoding_mode=mode, adaptive=False)
-    dec = LookaheadDecoder(runner, cfg, cost=CostModel.flat())
+    dec = LookaheadDecoder(runner, cfg, table=StepTable.flat())
     accepted = 0
     for prompt in prompts:
         ref = hf_greedy(model, prompt, 40)
@@ -46,7 +46,7 @@ def assert_single_stream_lossless(model, mode: str = "hier", prompts=PROMPTS) ->
 def test_repetition_penalty_identical_to_generate(family):
     model = tiny(family)
     dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=16, branch_length=6, adaptive=False),
-                           cost=CostModel.flat())
+                           table=StepTable.flat())
     params = SamplingParams(repetition_penalty=1.3)
     for prompt in PROMPTS:
         ref = hf_greedy(model, prompt, 30, repetition_penalty=1.3)
@@ -66,7 +66,7 @@ def test_adaptive_policy_is_lossless_too():
 
 def test_lookahead_off_is_the_plain_loop():
     model = tiny("qwen2")
-    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(), cost=CostModel.flat())
+    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(), table=StepTable.flat())
     g = dec.generate(PROMPTS[0], stop=StopCriteria(max_new_tokens=20), lookahead=LookaheadConfig(enabled=False))
     assert g.tokens == hf_greedy(model, PROMPTS[0], 20)
     assert g.stats.steps == 20 and g.stats.draft_tokens == 0

@@ -8,7 +8,7 @@ import pytest
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine import Engine
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
 
@@ -21,7 +21,7 @@ def assert_batched_lossless(model, new_tokens: int = 32) -> None:
     runner = ModelRunner(model)
     runner.check_tree_masks()
     la = LookaheadConfig(decoding_length=16, branch_length=6, adaptive=False)
-    dec = LookaheadDecoder(runner, la, cost=CostModel.flat())
+    dec = LookaheadDecoder(runner, la, table=StepTable.flat())
     engine = Engine(dec, SchedulerConfig(max_batch_size=4, max_tokens_per_step=64))
     refs = [hf_greedy(model, p, new_tokens) for p in PROMPTS]
     # Half the references primed into the trie: those rows accept long drafts, the others mostly step by

@@ -4,7 +4,7 @@ import pytest
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.models import encode
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.reference import hf_generate
 from lookahead.runner import ModelRunner
 
@@ -35,7 +35,7 @@ def test_greedy_identical_to_generate_on_real_prompts(smollm2, references, mode,
     assert len(references) >= 10
     runner = ModelRunner(smollm2.model)
     cfg = LookaheadConfig(decoding_mode=mode, adaptive=adaptive, decoding_length=32 if adaptive else 16)
-    dec = LookaheadDecoder(runner, cfg, smollm2.tokenizer, cost=None if adaptive else CostModel.flat(),
+    dec = LookaheadDecoder(runner, cfg, smollm2.tokenizer, table=None if adaptive else StepTable.flat(),
                            eos_token_ids=smollm2.eos_token_ids)
     stop = StopCriteria(NEW_TOKENS, frozenset(smollm2.eos_token_ids))
     accepted = 0
@@ -47,7 +47,7 @@ def test_greedy_identical_to_generate_on_real_prompts(smollm2, references, mode,
 
 
 def test_stream_yields_what_generate_returns(smollm2, references):
-    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, cost=CostModel.flat(),
+    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, table=StepTable.flat(),
                            eos_token_ids=smollm2.eos_token_ids)
     pid, ids, ref = references[0]
     run = dec.stream(ids, stop=StopCriteria(NEW_TOKENS, frozenset(smollm2.eos_token_ids)))
@@ -57,7 +57,7 @@ def test_stream_yields_what_generate_returns(smollm2, references):
 
 
 def test_stop_string_ends_generation_after_it(smollm2, references):
-    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, cost=CostModel.flat())
+    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, table=StepTable.flat())
     pid, ids, ref = references[0]
     full = smollm2.tokenizer.decode(ref)
     word = full.split()[3]  # a word the model is known to produce
@@ -69,7 +69,7 @@ def test_stop_string_ends_generation_after_it(smollm2, references):
 
 
 def test_eos_and_length_finish_reasons(smollm2):
-    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, cost=CostModel.flat(),
+    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, table=StepTable.flat(),
                            eos_token_ids=smollm2.eos_token_ids)
     ids = encode(smollm2.tokenizer, "What is the capital of France? Answer in one short sentence.", chat=True)
     g = dec.generate(ids, stop=StopCriteria(200, frozenset(smollm2.eos_token_ids)))
@@ -80,7 +80,7 @@ def test_eos_and_length_finish_reasons(smollm2):
 
 
 def test_pia_decoding_kwargs_port_over(smollm2, references):
-    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, cost=CostModel.flat(),
+    dec = LookaheadDecoder(ModelRunner(smollm2.model), LookaheadConfig(), smollm2.tokenizer, table=StepTable.flat(),
                            eos_token_ids=smollm2.eos_token_ids)
     pid, ids, ref = references[1]
     kw = {"use_lookahead": True, "decoding_length": 8, "branch_length": 4, "decoding_mode": "one",

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lookahead.attention import split_attention
+from lookahead import attention
+from lookahead.planner import split_attention
 from lookahead.draft import DraftTree
 from lookahead.runner import ModelRunner
 
@@ -73,3 +74,33 @@ def test_models_outside_the_packed_attention_stay_padded():
     width = max(len(t.tokens) for t in TREES)
     out = runner.verify_batch(batch(runner, PROMPTS), TREES, width, ragged=True)  # asks, gets padded
     assert all(o.shape[0] == width for o in out)
+
+
+def test_a_second_runner_on_one_model_shares_the_first_ones_attention_path():
+    model = tiny("llama")
+    first, second = ModelRunner(model), ModelRunner(model)
+    assert first.packed_attention and second.packed_attention  # the second no longer falls back to stock SDPA
+    assert second._attn is first._attn and second._fast is first._fast
+    second.check_tree_masks()
+    assert second.ragged
+    cache = batch(second, PROMPTS)
+    calls = []
+    real = attention._ragged_sdpa
+    try:
+        attention._ragged_sdpa = lambda *a, **k: calls.append(1) or real(*a, **k)
+        second.verify_batch(cache, TREES, 4, ragged=True)
+    finally:
+        attention._ragged_sdpa = real
+    assert calls  # the path serving runs
+
+
+def test_the_mask_check_tolerance_fits_the_dtype_and_still_catches_a_leak():
+    from lookahead.runner import logits_agree
+
+    ref = torch.linspace(-8, 8, 1000)
+    rounded = ref.to(torch.bfloat16).float()  # one bf16 rounding: up to 0.03 at a logit of 8
+    assert logits_agree(rounded, ref, torch.bfloat16)
+    assert not logits_agree(rounded, ref, torch.float32)  # far beyond fp32's rounding
+    leak = ref.clone()
+    leak[::7] += 1.0  # a mask leak moves logits by O(1)
+    assert not logits_agree(leak, ref, torch.bfloat16)

@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
 
 import lookahead.sequence as seq_mod
 from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.sampling import apply_repetition_penalty, warp
 from lookahead.verify import Acceptance
@@ -53,7 +53,7 @@ def sampled_counts(params: SamplingParams, draws: int) -> tuple[dict, dict, int]
         model.lm_head.weight.div_(4.0)  # keep the distribution broad, so many cells get mass
     dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=16, branch_length=3, max_query_length=1,
                                                           adaptive=False),
-                           cost=CostModel.flat())
+                           table=StepTable.flat())
     rng = random.Random(0)
     dec.memory.add_sequence([rng.randrange(VOCAB) for _ in range(400)])  # drafts for every context
     counts: dict[tuple[int, int], int] = {}
@@ -116,7 +116,7 @@ def test_the_chi_square_test_catches_a_biased_acceptance_rule(monkeypatch):
 
 def test_same_seed_same_output():
     model = tiny("qwen2")
-    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(adaptive=False), cost=CostModel.flat())
+    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(adaptive=False), table=StepTable.flat())
     p = SamplingParams(do_sample=True, temperature=0.9, top_p=0.95, seed=1234)
     a = dec.generate(PROMPT, stop=StopCriteria(max_new_tokens=30), sampling=p).tokens
     b = dec.generate(PROMPT, stop=StopCriteria(max_new_tokens=30), sampling=p).tokens

@@ -1,7 +1,7 @@
 """A request's step bookkeeping: plain steps whose drafts were cut still teach the calibration (shadow replay)."""
 
 from lookahead.config import LookaheadConfig
-from lookahead.policy import CalibrationTable
+from lookahead.calibration import CalibrationTable
 from lookahead.sampling import SamplingParams
 from lookahead.sequence import Sequence, StopCriteria
 from lookahead.trie import TokenTrie

@@ -13,7 +13,7 @@ import threading
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine import Engine
-from lookahead.policy import CostModel
+from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
 
@@ -34,7 +34,7 @@ def rss() -> int:
 def test_ten_thousand_requests_leave_nothing_behind():
     rng = random.Random(0)
     la = LookaheadConfig(decoding_length=8, branch_length=4, adaptive=False, memory_max_nodes=MEMORY_BOUND)
-    decoder = LookaheadDecoder(ModelRunner(tiny("llama")), la, cost=CostModel.flat())
+    decoder = LookaheadDecoder(ModelRunner(tiny("llama")), la, table=StepTable.flat())
     threads_before = threading.active_count()
     engine = Engine(decoder, SchedulerConfig(max_batch_size=IN_FLIGHT, max_tokens_per_step=128)).start()
     outcomes = {"length": 0, "cancelled": 0, "other": 0}

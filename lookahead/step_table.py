@@ -1,0 +1,92 @@
+"""What one decode step costs: measured whole-step milliseconds by rows, draft tokens in flight and layout.
+
+A step's time is everything from planning it to reading its tokens back:
+proposing, planning, the forward, the acceptance walk, committing. On a GPU
+the forward is asynchronous, but the step ends by reading its argmax back,
+which waits for the device, so the wall clock around the whole step is its
+host plus device time; it is never the time to launch a kernel.
+
+The table is a grid per layout over (rows, drafts), drafts being the tokens
+in flight beyond one root per row, read between grid points by bilinear
+interpolation. `runner.seed_step_table` fills it at start-up by timing
+forwards over a short grid up to `max_tokens_per_step`, several rows at
+once, because one row's curve says nothing about sixteen. While serving,
+every step's measured time moves the grid points around it toward what was
+measured (a normalised least-mean-squares step), so the table follows the
+machine, the context lengths and the host work that the start-up forwards
+did not include. The drafts = 0 column is the plain step, which every layout
+shares: a plain step refines it in all of them, so a drafting step is always
+weighed against the same plain price.
+
+Pure Python; no torch.
+"""
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+LAYOUTS = ("padded", "packed", "split")  # see planner.layout_of
+
+
+def _bracket(grid: tuple[int, ...], x: float) -> list[tuple[int, float]]:
+    """Grid indices around x with their linear weights (extrapolating past either end)."""
+    if len(grid) == 1:
+        return [(0, 1.0)]
+    i = min(max(bisect.bisect_right(grid, x) - 1, 0), len(grid) - 2)
+    t = (x - grid[i]) / (grid[i + 1] - grid[i])
+    return [(i, 1.0 - t), (i + 1, t)]
+
+
+@dataclass
+class StepTable:
+    rows: tuple[int, ...]  # grid of running rows, ascending
+    drafts: tuple[int, ...]  # grid of draft tokens in flight, ascending, from 0 (a plain step)
+    ms: dict[str, list[list[float]]]  # layout -> [len(rows)][len(drafts)] whole-step ms
+    rate: float = 0.2  # how far one step's measurement moves the grid toward it
+    observed: int = field(default=0)  # steps measured while serving
+
+    def __post_init__(self) -> None:
+        assert self.drafts[0] == 0, "the grid starts at the plain step"
+        for layout, grid in self.ms.items():
+            assert len(grid) == len(self.rows) and all(len(r) == len(self.drafts) for r in grid), layout
+            assert all(v > 0 and math.isfinite(v) for r in grid for v in r), f"{layout}: every point is measured"
+
+    @classmethod
+    def from_function(cls, rows, drafts, fn: Callable[[str, int, int], float], layouts=LAYOUTS) -> "StepTable":
+        """A table from a price function fn(layout, rows, drafts), for tests and for the start-up seed."""
+        rows, drafts = tuple(rows), tuple(drafts)
+        return cls(rows, drafts, {lay: [[fn(lay, r, d) for d in drafts] for r in rows] for lay in layouts})
+
+    @classmethod
+    def flat(cls) -> "StepTable":
+        """Every step costs the same whatever it verifies, and stays so: PIA's implicit assumption (drafts are
+        free). For a fixed budget, and for tests that need the planner out of the way."""
+        table = cls.from_function((1, 4096), (0, 4096), lambda *_: 1.0)
+        table.rate = 0.0
+        return table
+
+    def __call__(self, layout: str, rows: int, drafts: int) -> float:
+        """Whole-step ms of `rows` running rows verifying `drafts` draft tokens in `layout`."""
+        grid = self.ms[layout]
+        total = sum(wr * wd * grid[i][j] for i, wr in _bracket(self.rows, rows) for j, wd in _bracket(self.drafts, drafts))
+        return max(total, 1e-6)
+
+    def observe(self, layout: str, rows: int, drafts: int, ms: float) -> None:
+        """Refine the grid with one measured step."""
+        corners = [(i, j, wr * wd) for i, wr in _bracket(self.rows, rows) for j, wd in _bracket(self.drafts, drafts)]
+        norm = sum(w * w for *_, w in corners)
+        if norm <= 0 or not math.isfinite(ms) or ms <= 0:
+            return
+        err = ms - self(layout, rows, drafts)
+        for lay in (LAYOUTS if drafts == 0 else (layout,)):
+            if lay in self.ms:
+                grid = self.ms[lay]
+                for i, j, w in corners:
+                    grid[i][j] = max(grid[i][j] + self.rate * err * w / norm, 1e-3)
+        self.observed += 1
+
+    def summary(self) -> dict[str, dict[int, dict[int, float]]]:
+        """{layout: {rows: {drafts: ms}}}, for logs and the bench report."""
+        return {lay: {r: {d: round(v, 2) for d, v in zip(self.drafts, row)} for r, row in zip(self.rows, grid)}
+                for lay, grid in self.ms.items()}
