@@ -321,7 +321,7 @@ class Engine:
         allow = self.payoff.allow(n)
         trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
         plan = plan_step([seq.candidates(t, d.calibration) for seq, t in zip(running, trees)], self.table,
-                         self.config.max_tokens_per_step, self.ragged)
+                         self.config.max_tokens_per_step, self.ragged, self.table.error)
         trees = [t.truncated(c) for t, c in zip(trees, plan.counts)]
         t1 = time.perf_counter()
         # forward
@@ -351,6 +351,8 @@ class Engine:
         step_s = time.perf_counter() - t0 - (sum(seq.index_build_s for seq in running) - builds)
         self.table.observe(plan.layout, n, plan.inflight, step_s * 1e3)
         self.payoff.record(n, plan.inflight > 0, delivered, step_s)
+        if plan.inflight:
+            self.payoff.expect_plain(n, self.table(plan.layout, n, 0) / 1e3)
         self.decode_steps["drafting" if plan.inflight else "plain" if allow else "held"] += 1
         for row in sorted(done, reverse=True):
             seq = running[row]

@@ -10,6 +10,11 @@ that did not. Where drafting steps come out clearly slower than plain ones
 in that class, so rows do not even build trees, and probed again every
 `probe_every` steps, so that a change in load or text brings it back.
 
+A class where the planner always drafts has no plain steps to compare
+with; there the plain rate is the step table's: the rows over the plain
+step's measured price (`expect_plain`), which the table keeps from its
+start-up forwards and every plain step since.
+
 Pure Python; no torch.
 """
 
@@ -48,6 +53,7 @@ class Payoff:
     decay: float = 0.95  # per step of that kind: the check follows roughly the last 20 of each
     enabled: bool = True
     _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (drafting, plain steps)
+    _table: dict[int, Rate] = field(default_factory=dict)  # size class -> plain steps as the step table prices them
     _skipped: dict[int, int] = field(default_factory=dict)  # size class -> steps kept plain since the last probe
 
     def rates(self, rows: int) -> tuple[Rate, Rate]:
@@ -59,6 +65,8 @@ class Payoff:
     def pays(self, rows: int) -> bool:
         """Whether drafting, as the planner chooses it, has delivered at least plain steps' tokens/s here."""
         drafting, plain = self.rates(rows)
+        if plain.steps < self.min_steps:
+            plain = self._table.get(size_class(rows), plain)
         if not self.enabled or drafting.steps < self.min_steps or plain.steps < self.min_steps:
             return True
         return drafting.per_second >= self.margin * plain.per_second
@@ -80,3 +88,7 @@ class Payoff:
         """One decode step: did it verify drafts, how many tokens it delivered, its whole time."""
         drafting, plain = self.rates(rows)
         (drafting if drafted else plain).add(tokens, seconds, self.decay)
+
+    def expect_plain(self, rows: int, plain_seconds: float) -> None:
+        """Beside a drafting step: what a plain step of these rows would have taken, by the step table."""
+        self._table.setdefault(size_class(rows), Rate()).add(rows, plain_seconds, self.decay)

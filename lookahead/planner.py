@@ -69,15 +69,16 @@ def _gain(probs: list[float], k: int) -> float:
     return 1.0 + sum(probs[:k])
 
 
-def plan_step(rows: list[RowDrafts], price: Price, max_tokens: int, ragged: bool) -> StepPlan:
+def plan_step(rows: list[RowDrafts], price: Price, max_tokens: int, ragged: bool, margin: float = 0.0) -> StepPlan:
+    """`margin`: how much more than a plain step's rate drafts must promise (the table's own measured error)."""
     n = len(rows)
     assert 0 < n <= max_tokens, "every row sends at least its root"
     counts = [len(r.probs) if r.fixed else 0 for r in rows]
     while n + sum(counts) > max_tokens:  # fixed budgets over the cap: trim the widest
         counts[counts.index(max(counts))] -= 1
     if ragged:
-        return _ragged(rows, counts, price, max_tokens)
-    return _padded(rows, counts, price, max_tokens)
+        return _ragged(rows, counts, price, max_tokens, 1.0 + margin)
+    return _padded(rows, counts, price, max_tokens, 1.0 + margin)
 
 
 def _plan(rows: list[RowDrafts], counts: list[int], price: Price, ragged: bool) -> StepPlan:
@@ -88,38 +89,44 @@ def _plan(rows: list[RowDrafts], counts: list[int], price: Price, ragged: bool) 
     return StepPlan(list(counts), layout, inflight, expected, price(layout, n, inflight))
 
 
-def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int) -> StepPlan:
+def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int, margin: float) -> StepPlan:
+    """Greedy, kept incremental: each bought draft adds its probability and one token to the step."""
     n = len(rows)
-    best = _plan(rows, counts, price, True)
+    expected = sum(_gain(r.probs, c) for r, c in zip(rows, counts))
+    drafting, inflight = sum(c > 0 for c in counts), sum(counts)
+    best_rate, best = expected / price(layout_of(n, drafting, True), n, inflight), list(counts)
+    best_rate *= margin  # the step as it stands (plain, or the fixed rows' trees) unless drafts beat it by that
     heap = [(-r.probs[0], b) for b, r in enumerate(rows) if not r.fixed and r.probs]
     heapq.heapify(heap)
-    while heap and n + sum(counts) < max_tokens:
-        _, b = heapq.heappop(heap)
+    while heap and n + inflight < max_tokens:
+        neg, b = heapq.heappop(heap)
+        drafting += counts[b] == 0
         counts[b] += 1
+        inflight += 1
+        expected -= neg
         if counts[b] < len(rows[b].probs):
             heapq.heappush(heap, (-rows[b].probs[counts[b]], b))
-        plan = _plan(rows, counts, price, True)
-        if plan.expected * best.ms > best.expected * plan.ms:  # a better rate
-            best = plan
-    return best
+        rate = expected / price(layout_of(n, drafting, True), n, inflight)
+        if rate > best_rate:
+            best_rate, best = rate, list(counts)
+    return _plan(rows, best, price, True)
 
 
-def _padded(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int) -> StepPlan:
+def _padded(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int, margin: float) -> StepPlan:
     n = len(rows)
     fixed_width = max(counts, default=0)
+    if n * (1 + fixed_width) > max_tokens:  # even the fixed rows' width does not fit: as wide as the cap allows
+        k = max(0, max_tokens // n - 1)
+        return _plan(rows, [min(c, k) for c in counts], price, False)
     adaptive = [b for b, r in enumerate(rows) if not r.fixed]
     widest = max((len(rows[b].probs) for b in adaptive), default=0)
-    best = None
-    for k in range(fixed_width, max(widest, fixed_width) + 1):  # k: drafts per row, the width less its root
+    base = best = _plan(rows, counts, price, False)
+    for k in range(fixed_width + 1, widest + 1):  # k: drafts per row, the width less its root
         if n * (1 + k) > max_tokens:
             break
-        trial = list(counts)
-        for b in adaptive:
-            trial[b] = min(len(rows[b].probs), k)
-        plan = _plan(rows, trial, price, False)
-        if best is None or plan.expected * best.ms > best.expected * plan.ms:
+        plan = _plan(rows, [min(len(rows[b].probs), k) if not rows[b].fixed else counts[b] for b in range(n)],
+                     price, False)
+        if plan.expected * best.ms > best.expected * plan.ms:
             best = plan
-    if best is None:  # even the fixed rows' width does not fit: as wide as the cap allows
-        k = max(0, max_tokens // n - 1)
-        best = _plan(rows, [min(c, k) for c in counts], price, False)
-    return best
+    # wider than the fixed rows need only if it beats that by the margin
+    return best if best.expected * base.ms > margin * base.expected * best.ms else base

@@ -262,7 +262,10 @@ class ModelRunner:
                     if timed:
                         best[lay, d] = min(best[lay, d], (time.perf_counter() - t0) * 1e3)
             for layout in layouts:
-                points[layout, r] = {0: best["plain", 0], **{d: ms for (lay, d), ms in best.items() if lay == layout}}
+                measured = {d: ms for (lay, d), ms in best.items() if lay == layout}
+                if measured:  # (too few rows to split: the packed points stand in, never asked for)
+                    points[layout, r] = {0: best["plain", 0], **measured}
+            points.setdefault((layouts[0], r), {0: best["plain", 0]})
         fill = lambda layout, r, d: _linear(points.get((layout, r)) or points[layouts[0], r], d)  # noqa: E731
         table = StepTable.from_function(rows_grid, drafts_grid, fill, layouts)
         log.info("step table (ms by layout, rows, draft tokens in flight): %s", table.summary())

@@ -77,8 +77,8 @@ class Sequence:
             self.generator = torch.Generator()
             if self.sampling.seed is not None:
                 self.generator.manual_seed(self.sampling.seed)
-            else:
-                self.generator.seed()
+            else:  # from torch's global generator: random per request, reproducible under torch.manual_seed
+                self.generator.manual_seed(int(torch.randint(0, 2**62, ())))
         self._stop_window = max((len(s) for s in self.stop.stop_strings), default=0) + 1
         self.own_calibration = Calibration(predicted=1.0, accepted=1.0)  # this request's recent acceptance
         self._proposal: DraftTree | None = None  # the last full proposal, before the budget cut it
@@ -145,7 +145,9 @@ class Sequence:
         rows' argmax, already read back."""
         if not self.sampling.needs_processing:
             return accept(tree, lambda row, path: greedy[row])
-        if self.sampling.repetition_penalty == 1.0:  # sampled: every tree row drawn at once
+        # Unseeded and unpenalised: every tree row drawn at once. A seeded request draws row by row along the
+        # walk, so one seed gives one output whatever drafts the memory offered.
+        if self.sampling.repetition_penalty == 1.0 and self.sampling.seed is None:
             draws = sample_rows(logits[: len(tree.tokens)], self.sampling, self.generator)
             return accept(tree, lambda row, path: draws[row])
         chooser = RowChooser(self.sampling, self.ctx, self.generator)

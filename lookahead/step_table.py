@@ -45,6 +45,9 @@ class StepTable:
     ms: dict[str, list[list[float]]]  # layout -> [len(rows)][len(drafts)] whole-step ms
     rate: float = 0.2  # how far one step's measurement moves the grid toward it
     observed: int = field(default=0)  # steps measured while serving
+    # How far off the table's price of a step has been, relative to the time measured (decayed mean): drafts
+    # must promise more than this over a plain step, or the planner would chase its own noise.
+    error: float = 0.05
 
     def __post_init__(self) -> None:
         assert self.drafts[0] == 0, "the grid starts at the plain step"
@@ -63,7 +66,7 @@ class StepTable:
         """Every step costs the same whatever it verifies, and stays so: PIA's implicit assumption (drafts are
         free). For a fixed budget, and for tests that need the planner out of the way."""
         table = cls.from_function((1, 4096), (0, 4096), lambda *_: 1.0)
-        table.rate = 0.0
+        table.rate = table.error = 0.0
         return table
 
     def __call__(self, layout: str, rows: int, drafts: int) -> float:
@@ -79,6 +82,8 @@ class StepTable:
         if norm <= 0 or not math.isfinite(ms) or ms <= 0:
             return
         err = ms - self(layout, rows, drafts)
+        if self.rate:
+            self.error += (abs(err) / ms - self.error) * 0.05
         for lay in (LAYOUTS if drafts == 0 else (layout,)):
             if lay in self.ms:
                 grid = self.ms[lay]

@@ -40,3 +40,12 @@ def test_sizes_share_classes_and_a_disabled_check_never_holds_drafting():
     off = Payoff(min_steps=4, margin=1.0, enabled=False)
     feed(off, 16, drafted_tok_s=10, plain_tok_s=100, steps=10)
     assert all(off.allow(16) for _ in range(20))
+
+
+def test_a_class_that_always_drafts_is_judged_against_the_tables_plain_price():
+    p = Payoff(min_steps=4, probe_every=5, margin=1.0)
+    for _ in range(6):  # 16 rows always drafted: 20 tokens in 0.2 s, where a plain step is priced 0.1 s
+        p.record(16, True, 20, 0.2)
+        p.expect_plain(16, 0.1)
+    assert not p.pays(16)  # 100 tok/s drafting against 160 plain
+    assert [p.allow(16) for _ in range(5)] == [False] * 4 + [True]

@@ -75,3 +75,12 @@ def test_the_algorithm_core_imports_without_torch():
             "lookahead.step_table, lookahead.scheduler, lookahead.trie_store, lookahead.prompt_sets\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_drafts_must_beat_a_plain_step_by_the_tables_own_error():
+    table = StepTable.from_function(ROWS, DRAFTS, lambda _, r, d: 10 + d)  # one draft: +10%, for 0.15 tokens
+    rows = [RowDrafts([0.15])]
+    assert plan_step(rows, table, 64, ragged=True).counts == [1]  # 1.15 tokens / 11 ms beats 1 / 10 ms
+    assert plan_step(rows, table, 64, ragged=True, margin=0.1).counts == [0]  # not by the table's 10%
+    assert plan_step(rows, table, 64, ragged=False, margin=0.1).counts == [0]
+    assert plan_step([RowDrafts([0.9])], table, 64, ragged=False, margin=0.1).counts == [1]
