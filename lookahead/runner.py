@@ -11,6 +11,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -20,7 +21,7 @@ from .fast_linear import FastLinears
 from .batch_cache import BatchKVCache
 from .kv_cache import KVCache
 from .planner import layout_of
-from .step_table import StepTable
+from .step_table import StepTable, bracket
 from .tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
 
 log = logging.getLogger(__name__)
@@ -287,12 +288,6 @@ def logits_agree(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, ulps: flo
 
 def _linear(points: dict[int, float], x: int) -> float:
     """Piecewise-linear through the measured points, extended along the last segment, never decreasing."""
-    xs = sorted(points)
-    ys, floor = [], 0.0
-    for k in xs:
-        floor = max(floor, points[k])
-        ys.append(floor)
-    if len(xs) == 1:
-        return ys[0]
-    i = max(0, min(len(xs) - 2, next((j - 1 for j, k in enumerate(xs) if k >= x), len(xs) - 2)))
-    return ys[i] + (ys[i + 1] - ys[i]) * (x - xs[i]) / (xs[i + 1] - xs[i])
+    xs = tuple(sorted(points))
+    ys = list(accumulate((points[k] for k in xs), max))
+    return sum(w * ys[i] for i, w in bracket(xs, x))

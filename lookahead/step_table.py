@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 LAYOUTS = ("padded", "packed", "split")  # see planner.layout_of
 
 
-def _bracket(grid: tuple[int, ...], x: float) -> list[tuple[int, float]]:
+def bracket(grid: tuple[int, ...], x: float) -> list[tuple[int, float]]:
     """Grid indices around x with their linear weights (extrapolating past either end)."""
     if len(grid) == 1:
         return [(0, 1.0)]
@@ -72,12 +72,12 @@ class StepTable:
     def __call__(self, layout: str, rows: int, drafts: int) -> float:
         """Whole-step ms of `rows` running rows verifying `drafts` draft tokens in `layout`."""
         grid = self.ms[layout]
-        total = sum(wr * wd * grid[i][j] for i, wr in _bracket(self.rows, rows) for j, wd in _bracket(self.drafts, drafts))
+        total = sum(wr * wd * grid[i][j] for i, wr in bracket(self.rows, rows) for j, wd in bracket(self.drafts, drafts))
         return max(total, 1e-6)
 
     def observe(self, layout: str, rows: int, drafts: int, ms: float) -> None:
         """Refine the grid with one measured step."""
-        corners = [(i, j, wr * wd) for i, wr in _bracket(self.rows, rows) for j, wd in _bracket(self.drafts, drafts)]
+        corners = [(i, j, wr * wd) for i, wr in bracket(self.rows, rows) for j, wd in bracket(self.drafts, drafts)]
         norm = sum(w * w for *_, w in corners)
         if norm <= 0 or not math.isfinite(ms) or ms <= 0:
             return
