@@ -325,19 +325,25 @@ class Engine:
         trees = [t.truncated(c) for t, c in zip(trees, plan.counts)]
         t1 = time.perf_counter()
         # forward
+        clock = self.runner.clock
+        clock.start()
         logits = self.runner.verify_batch(self.cache, trees, plan.width, ragged=self.ragged)
-        greedy = logits.argmax()  # every row's argmax, one read back
+        clock.stop()
+        picks = logits.picks([seq.sampling if seq.draws_on_device else None for seq in running])  # the one sync
         t2 = time.perf_counter()
+        device_ms = clock.ms()
+        device_ms = (t2 - t1) * 1e3 if device_ms is None else device_ms
         # accept
         keeps, done, delivered = [], [], 0
         for row, (seq, tree) in enumerate(zip(running, trees)):
             start = logits.starts[row]
-            acc = seq.choose(tree, logits[row], greedy[start : start + len(tree.tokens)])
+            acc = seq.choose(tree, logits[row], picks[start : start + len(tree.tokens)])
             keeps.append([0] + acc.rows)
             emitted = seq.advance(tree, acc, d.calibration)
             delivered += len(emitted)
             seq.stats.query_ms += (t1 - t0) * 1e3 / n
             seq.stats.forward_ms += (t2 - t1) * 1e3
+            seq.stats.device_ms += device_ms
             if seq.la.debug:
                 log.info("step %d: %d drafts (match %d), accepted %d", seq.stats.steps, tree.num_drafts,
                          tree.match_length, len(acc.rows))

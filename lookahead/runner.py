@@ -20,6 +20,7 @@ from .draft import DraftTree
 from .fast_linear import FastLinears
 from .batch_cache import BatchKVCache
 from .kv_cache import KVCache
+from .sampling import SamplingParams, draw
 from .planner import layout_of
 from .step_table import StepTable, bracket
 from .tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
@@ -60,6 +61,48 @@ class BatchLogits:
         """Every packed row's argmax, read back in one transfer (the step's one host-device sync)."""
         return self.logits.argmax(-1).tolist()
 
+    def picks(self, draws: list[SamplingParams | None]) -> list[int]:
+        """Every packed row's token for the acceptance walk, read back in one transfer: the argmax, or, for
+        each row b whose `draws[b]` is set, an independent sample per tree row (`sampling.draw`), made on
+        the device. Rows with the same settings are drawn together, across requests."""
+        out = self.logits.argmax(-1)
+        groups: dict[SamplingParams, list[int]] = {}
+        for b, p in enumerate(draws):
+            if p is not None:
+                groups.setdefault(p, []).append(b)
+        for p, rows in groups.items():
+            at = torch.cat([torch.arange(self.starts[b], self.starts[b] + len(self[b])) for b in rows])
+            at = at.to(self.logits.device)
+            out[at] = draw(self.logits[at], p)
+        return out.tolist()
+
+
+class DeviceClock:
+    """The device's own time for the work queued between `start` and `stop`: CUDA events, read only after the
+    step's existing sync (its argmax read back), so timing adds no sync. Off CUDA the host runs the work as it
+    queues it, and the wall clock around the forward is that time: `ms` returns None there."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._events: tuple | None = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+
+    def stop(self) -> None:
+        if self._events is not None:
+            self._events[1].record()
+
+    def ms(self) -> float | None:
+        """Call after the sync that ends the step."""
+        if self._events is None:
+            return None
+        begin, end = self._events
+        self._events = None
+        return begin.elapsed_time(end)
+
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None) -> None:
@@ -83,6 +126,7 @@ class ModelRunner:
             model._lookahead_hooks = hooks
         self._fast, self._attn, self.packed_attention = hooks.fast, hooks.attn, hooks.packed_attention
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
+        self.clock = DeviceClock(self.device)
 
     @contextmanager
     def _active(self, ragged: attention.RaggedQueries | None = None):

@@ -59,15 +59,19 @@ def warp(scores: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return scores
 
 
-def sample_rows(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> list[int]:
-    """One independent draw from every row of [rows, vocab], processed and sampled together, read back once.
+def draw(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """One independent draw from every row of [rows, vocab], made where the logits are; [rows], not read back.
 
-    Exact for a tree: the acceptance walk consumes the draws of the rows it visits, each drawn from that
-    row's own distribution, whichever others were drawn beside it (no repetition penalty: that depends on
-    each row's path, see RowChooser).
+    The exponential race: with E_i ~ Exp(1) independent, argmax_i probs_i / E_i is token i with probability
+    probs_i (E_i / probs_i ~ Exp(probs_i), and the smallest of independent exponentials is i with probability
+    rate_i / sum of rates), so one argmax on the device replaces a sort and a host-side multinomial. Exact for
+    a tree: the acceptance walk consumes the draws of the rows it visits, each drawn from that row's own
+    distribution, whichever others were drawn beside it (no repetition penalty: that depends on each row's
+    path, see RowChooser). Uses the device's global generator: reproducible under torch.manual_seed.
     """
-    probs = warp(logits, p).softmax(-1)
-    return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].tolist()
+    probs = warp(logits.float(), p).softmax(-1)
+    race = torch.empty_like(probs).exponential_().clamp_min_(torch.finfo(probs.dtype).tiny)
+    return (probs / race).argmax(-1)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .config import LookaheadConfig
 from .draft import DraftTree, build_tree, match, root_only
 from .planner import RowDrafts
 from .calibration import Calibration, CalibrationTable
-from .sampling import RowChooser, SamplingParams, sample_rows
+from .sampling import RowChooser, SamplingParams
 from .stats import RequestStats
 from .ngram_index import NGramIndex
 from .trie import TokenTrie
@@ -73,11 +73,11 @@ class Sequence:
         self._local_len = 0  # tokens of ctx already in the local index: it is built on first use (see `local`)
         self.index_build_s = 0.0  # time spent catching the local index up (a one-off, not a step's own cost)
         self.generator = None
-        if self.sampling.do_sample:
+        if self.sampling.do_sample and not self.draws_on_device:
             self.generator = torch.Generator()
             if self.sampling.seed is not None:
                 self.generator.manual_seed(self.sampling.seed)
-            else:  # from torch's global generator: random per request, reproducible under torch.manual_seed
+            else:  # penalised: from torch's global generator, random per request, reproducible under manual_seed
                 self.generator.manual_seed(int(torch.randint(0, 2**62, ())))
         self._stop_window = max((len(s) for s in self.stop.stop_strings), default=0) + 1
         self.own_calibration = Calibration(predicted=1.0, accepted=1.0)  # this request's recent acceptance
@@ -140,16 +140,19 @@ class Sequence:
         factor = self.draft_factor(calibration, tree.match_length)
         return RowDrafts([p * factor for p in tree.probs[1:]], fixed=not self.la.adaptive)
 
-    def choose(self, tree: DraftTree, logits: torch.Tensor, greedy: list[int]) -> Acceptance:
-        """Walk the tree with the model's tokens; `logits` is [rows >= tree rows, vocab], `greedy` its
-        rows' argmax, already read back."""
-        if not self.sampling.needs_processing:
-            return accept(tree, lambda row, path: greedy[row])
-        # Unseeded and unpenalised: every tree row drawn at once. A seeded request draws row by row along the
-        # walk, so one seed gives one output whatever drafts the memory offered.
-        if self.sampling.repetition_penalty == 1.0 and self.sampling.seed is None:
-            draws = sample_rows(logits[: len(tree.tokens)], self.sampling, self.generator)
-            return accept(tree, lambda row, path: draws[row])
+    @property
+    def draws_on_device(self) -> bool:
+        """Sampled, unseeded and unpenalised: every tree row is drawn on the device, beside the other rows'
+        argmax, in the step's one read back (BatchLogits.picks). A seeded request draws row by row along
+        the walk from its own generator, so one seed gives one output whatever drafts the memory offered."""
+        s = self.sampling
+        return s.do_sample and s.repetition_penalty == 1.0 and s.seed is None
+
+    def choose(self, tree: DraftTree, logits: torch.Tensor, picks: list[int]) -> Acceptance:
+        """Walk the tree with the model's tokens; `logits` is [rows >= tree rows, vocab], `picks` its rows'
+        tokens as read back (the argmax, or device draws when `draws_on_device`)."""
+        if not self.sampling.needs_processing or self.draws_on_device:
+            return accept(tree, lambda row, path: picks[row])
         chooser = RowChooser(self.sampling, self.ctx, self.generator)
         return accept(tree, lambda row, path: chooser(logits[row], path))
 

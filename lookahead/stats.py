@@ -12,7 +12,8 @@ class RequestStats:
     draft_tokens: int = 0  # draft rows verified, summed over steps
     accepted_drafts: int = 0  # draft rows accepted, summed over steps
     prefill_ms: float = 0.0
-    forward_ms: float = 0.0  # decode-step forwards only
+    forward_ms: float = 0.0  # decode-step forwards only, launch to argmax read back (host plus device)
+    device_ms: float = 0.0  # the device's own share of forward_ms (CUDA events); equal to it off CUDA
     query_ms: float = 0.0  # trie lookups and tree building
     first_token_s: float = 0.0  # wall time from start to the first new token
     total_s: float = 0.0

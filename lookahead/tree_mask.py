@@ -63,21 +63,30 @@ def batch_tree_inputs(trees: list[DraftTree], lengths: list[int], width: int, de
     Trees narrower than `width` are padded with copies of their root that attend
     only to themselves; their outputs are ignored. Columns past a row's own
     entries (other rows are longer) are masked out.
+
+    Only small per-row index arrays go to the device (tokens, depths, each
+    tree's width x width ancestry, lengths); the [rows, 1, width, kv_len]
+    mask and the positions are built there, so a step copies kilobytes to a
+    GPU, not a mask that grows with the context.
     """
     n = len(trees)
-    kv_len = max(lengths) + width
-    ids = torch.zeros((n, width), dtype=torch.long)
-    pos = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, 1, width, kv_len), dtype=torch.bool)
-    for b, (tree, base) in enumerate(zip(trees, lengths)):
+    ids = np.empty((n, width), dtype=np.int64)
+    depths = np.zeros((n, width), dtype=np.int64)
+    anc = np.zeros((n, width, width), dtype=bool)  # [rows, width, width]: own root path; padding sees itself
+    sizes = np.empty(n, dtype=np.int64)  # [rows] tree tokens, root included
+    for b, tree in enumerate(trees):
         q = len(tree.tokens)
         assert q <= width
-        ids[b, :q] = torch.tensor(tree.tokens)
-        ids[b, q:] = tree.tokens[0]
-        pos[b, :q] = torch.tensor(tree.depths) + base
-        pos[b, q:] = base
-        mask[b, 0, :q, :base] = True
-        mask[b, 0, :q, base : base + q] = torch.from_numpy(ancestor_matrix(tree.parents))
-        pad = torch.arange(q, width)
-        mask[b, 0, pad, base + pad] = True
-    return TreeInputs(ids.to(device), pos.to(device), mask.to(device))
+        ids[b, :q], ids[b, q:] = tree.tokens, tree.tokens[0]
+        depths[b, :q] = tree.depths
+        anc[b, :q, :q] = ancestor_matrix(tree.parents)
+        anc[b, np.arange(q, width), np.arange(q, width)] = True
+        sizes[b] = q
+    to = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    base = torch.tensor(lengths, dtype=torch.long, device=device)  # [rows]
+    kv_len = max(lengths) + width
+    rel = torch.arange(kv_len, device=device)[None, :] - base[:, None]  # [rows, kv_len]: column less the row's length
+    real = torch.arange(width, device=device)[None, :] < to(sizes)[:, None]  # [rows, width]: a tree row, not padding
+    in_tree = to(anc).gather(2, rel.clamp(0, width - 1)[:, None, :].expand(n, width, kv_len))  # [rows, width, kv_len]
+    mask = ((rel < 0)[:, None, :] & real[:, :, None]) | (((rel >= 0) & (rel < width))[:, None, :] & in_tree)
+    return TreeInputs(to(ids), base[:, None] + to(depths), mask[:, None])

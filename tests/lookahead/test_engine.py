@@ -6,7 +6,7 @@ import pytest
 
 import torch
 
-from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
 from lookahead.engine import Engine
 from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
@@ -71,6 +71,8 @@ def test_diverging_kv_lengths_are_lossless_with_drafts_accepted(ragged):
     results = [h.result() for h in handles]
     assert [r.tokens for r in results] == refs
     assert sum(r.stats.accepted_drafts for r in results) > 0
+    # off CUDA the forward's device time is its wall time (runner.DeviceClock)
+    assert all(r.stats.forward_ms > 0 and r.stats.device_ms == pytest.approx(r.stats.forward_ms) for r in results)
 
 
 def test_cancel_frees_the_row_and_others_continue():
@@ -246,13 +248,18 @@ def test_where_the_table_says_every_draft_costs_a_step_the_batch_decodes_plainly
     assert engine.decode_steps["drafting"] == 0 and engine.decode_steps["plain"] > 0
 
 
-def test_a_greedy_decode_step_reads_back_from_the_device_once(monkeypatch):
-    """Every row's argmax comes back in one transfer per step, however many rows and drafts; on a GPU each
-    read back waits for the device. Counted: every way a tensor's values reach Python."""
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled-unseeded"])
+def test_a_decode_step_reads_back_from_the_device_once(monkeypatch, sampled):
+    """Every row's token comes back in one transfer per step, however many rows and drafts: the argmax, and
+    for unseeded sampled requests (two settings here, beside a greedy one) draws made on the device; on a
+    GPU each read back waits for the device. Counted: every way a tensor's values reach Python."""
     model, engine = make_engine(max_batch_size=4)
     for p in PROMPTS[:3]:
         engine.decoder.memory.add_sequence(hf_greedy(model, p, 30))  # rows draft, and accept
-    handles = [engine.add_request(p, stop=StopCriteria(30)) for p in PROMPTS[:3]]
+    settings = [SamplingParams(), SamplingParams(do_sample=True), SamplingParams(do_sample=True, temperature=0.7,
+                                                                                  top_k=20, top_p=0.9)]
+    handles = [engine.add_request(p, stop=StopCriteria(30), sampling=settings[i] if sampled else SamplingParams())
+               for i, p in enumerate(PROMPTS[:3])]
     while len(engine.scheduler.running) < 3:
         engine.step()
     reads = []

@@ -6,7 +6,7 @@ import torch
 from lookahead import attention
 from lookahead.planner import split_attention
 from lookahead.draft import DraftTree
-from lookahead.runner import ModelRunner
+from lookahead.runner import DeviceClock, ModelRunner
 
 from .tiny_models import tiny
 
@@ -104,3 +104,25 @@ def test_the_mask_check_tolerance_fits_the_dtype_and_still_catches_a_leak():
     leak = ref.clone()
     leak[::7] += 1.0  # a mask leak moves logits by O(1)
     assert not logits_agree(leak, ref, torch.bfloat16)
+
+
+def test_the_device_clock_defers_to_the_wall_clock_off_cuda():
+    clock = DeviceClock(torch.device("cpu"))
+    clock.start()
+    torch.ones(8) @ torch.ones(8)
+    clock.stop()
+    assert clock.ms() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a CUDA device")
+def test_the_device_clock_times_queued_cuda_work_after_the_sync():
+    clock = DeviceClock(torch.device("cuda"))
+    a = torch.randn(2048, 2048, device="cuda")
+    clock.start()
+    for _ in range(8):
+        a = a @ a / 2048
+    clock.stop()
+    a.sum().item()  # the step's sync
+    ms = clock.ms()
+    assert ms is not None and ms > 0
+    assert clock.ms() is None  # read once per step

@@ -16,7 +16,7 @@ import lookahead.sequence as seq_mod
 from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
 from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
-from lookahead.sampling import apply_repetition_penalty, warp
+from lookahead.sampling import apply_repetition_penalty, draw, warp
 from lookahead.verify import Acceptance
 
 from .tiny_models import tiny
@@ -122,3 +122,28 @@ def test_same_seed_same_output():
     a = dec.generate(PROMPT, stop=StopCriteria(max_new_tokens=30), sampling=p).tokens
     b = dec.generate(PROMPT, stop=StopCriteria(max_new_tokens=30), sampling=p).tokens
     assert a == b
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(do_sample=True),
+    SamplingParams(do_sample=True, temperature=0.7, top_k=6, top_p=0.8),
+])
+def test_device_draws_follow_the_warped_distribution(params):
+    """The exponential race behind `draw`: many rows of the same logits, one draw each, counted per token
+    against warp(logits).softmax; filtered tokens are never drawn."""
+    torch.manual_seed(0)
+    logits = torch.randn(12) * 2
+    exact = warp(logits, params).softmax(-1)
+    draws = draw(logits.expand(20000, -1), params)
+    counts = torch.bincount(draws, minlength=12)
+    assert counts[exact == 0].sum() == 0
+    assert chi2_pvalue({t: int(counts[t]) for t in range(12)}, {t: float(exact[t]) for t in range(12)}, 20000) > 1e-3
+
+
+def test_device_draws_catch_a_biased_race():
+    """Negative control: a race with uniform instead of exponential times (a plausible slip) must be detected."""
+    torch.manual_seed(0)
+    exact = (torch.randn(12) * 2).softmax(-1)
+    probs = exact.expand(20000, -1)
+    counts = torch.bincount((probs / torch.rand_like(probs)).argmax(-1), minlength=12)
+    assert chi2_pvalue({t: int(counts[t]) for t in range(12)}, {t: float(exact[t]) for t in range(12)}, 20000) < 1e-3
