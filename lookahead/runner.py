@@ -261,8 +261,14 @@ class ModelRunner:
                 return False
         return True
 
+    @property
+    def context_length(self) -> int | None:
+        """The model's context window in tokens, from its config (GLM names it `seq_length`); None if unstated."""
+        cfg = self.model.config.get_text_config()
+        return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "seq_length", None)
+
     def _max_positions(self) -> int:
-        return getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 4096
+        return self.context_length or 4096
 
     @torch.inference_mode()
     def seed_step_table(self, max_rows: int, max_tokens: int, max_width: int, ragged: bool,

@@ -3,7 +3,8 @@
 Checked here, at the ingress, against the model's config: parameters this
 server does not support, `max_tokens` against the model's limit, the number
 of stop strings, and per-request lookahead overrides against their bounds.
-The prompt's length in tokens is checked by the replica, which tokenizes.
+The prompt's length in tokens is checked by the replica, which tokenizes
+(`check_context`, also pure).
 """
 
 import uuid
@@ -54,3 +55,20 @@ def to_job(body: CompletionRequest | ChatCompletionRequest, cfg: ModelConfig) ->
         decoding_length=la.decoding_length if la else None,
         branch_length=la.branch_length if la else None,
     )
+
+
+def check_context(prompt_tokens: int, job: Job, headroom: int, context: int | None) -> None:
+    """The request must fit the model's context window: prompt + max_tokens, plus the draft tree's headroom
+    past the last token (a tree's rows sit at positions up to `headroom` beyond the committed ones). Past it,
+    a model with learned positions fails the whole step, every request in flight with it; so refuse the one."""
+    if context is None or prompt_tokens + job.max_tokens + headroom <= context:
+        return
+    prompt_param = "messages" if job.messages is not None else "prompt"
+    if prompt_tokens + 1 + headroom > context:
+        raise Rejected(JobError(400, f"the prompt has {prompt_tokens} tokens; with {headroom} tokens of draft "
+                                     f"headroom this model's {context}-token context leaves no room to generate",
+                                prompt_param))
+    room = context - prompt_tokens - headroom
+    raise Rejected(JobError(400, f"max_tokens={job.max_tokens} does not fit this model's {context}-token context: "
+                                 f"the prompt has {prompt_tokens} tokens and drafts need {headroom} more; at most "
+                                 f"{room} new tokens fit", "max_tokens"))

@@ -36,6 +36,7 @@ from lookahead.trie_store import TrieFileError, load as load_memory, save as sav
 from .autoscaling import ENGINE_QUEUE
 from .config import ModelConfig
 from .detokenize import Detokenizer
+from .admission import check_context
 from .jobs import Event, Job, JobError, Rejected, Usage
 from .metrics import ReplicaMetrics
 
@@ -72,6 +73,7 @@ class LookaheadModel:
         self.eos = frozenset(lm.eos_token_ids)
         runner = ModelRunner(lm.model)
         runner.check_tree_masks()
+        self.context = runner.context_length  # prompt + max_tokens + draft headroom must fit (check_context)
         la = cfg.lookahead
         stop_words = frozenset(t for w in la.stop_words for t in self.tokenizer.encode(w, add_special_tokens=False))
         # The decoder's limits are the per-request bounds; a request without overrides gets `self.default_la`.
@@ -214,6 +216,7 @@ class LookaheadModel:
                                         f"{self.cfg.limits.max_prompt_tokens}", param))
         if not ids:
             raise Rejected(JobError(400, "the prompt is empty", "prompt"))
+        check_context(len(ids), job, self.engine.headroom, self.context)
         la = self.default_la.with_overrides(enabled=job.lookahead_enabled, decoding_length=job.decoding_length,
                                             branch_length=job.branch_length)
         sampling = SamplingParams(do_sample=job.temperature > 0, temperature=job.temperature or 1.0,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from serve_app.admission import to_job
+from serve_app.admission import check_context, to_job
 from serve_app.config import ModelConfig
 from serve_app.jobs import Rejected
 from serve_app.protocol import ChatCompletionRequest, CompletionRequest
@@ -43,3 +43,21 @@ def test_defaults_and_overrides_reach_the_job():
     job = to_job(chat(max_tokens=7, seed=3), CFG)
     assert job.messages == (("user", "ab"),) and job.max_tokens == 7 and job.seed == 3 and job.prompt is None
     assert to_job(CompletionRequest(model="m", prompt=[5, 6, 7]), CFG).prompt == [5, 6, 7]
+
+
+@pytest.mark.parametrize("prompt,max_tokens,param", [(950, 100, "max_tokens"), (1010, 1, "prompt")])
+def test_a_request_past_the_context_window_is_refused_naming_the_field(prompt, max_tokens, param):
+    job = to_job(comp(max_tokens=max_tokens), CFG)
+    with pytest.raises(Rejected) as e:
+        check_context(prompt, job, headroom=17, context=1024)
+    assert e.value.error.status == 400 and e.value.error.param == param
+    assert "1024" in e.value.error.message
+    if param == "max_tokens":
+        assert "at most 57 new tokens" in e.value.error.message  # 1024 - 950 - 17
+
+
+def test_a_request_that_fits_the_context_window_passes():
+    check_context(900, to_job(comp(max_tokens=100), CFG), headroom=17, context=1024)  # 1017 <= 1024
+    check_context(10**6, to_job(comp(max_tokens=100), CFG), headroom=17, context=None)  # unknown: not checked
+    with pytest.raises(Rejected):
+        check_context(900, to_job(comp(max_tokens=100), CFG), headroom=25, context=1024)  # one over
