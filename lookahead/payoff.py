@@ -5,9 +5,10 @@ expect a gain. Either can be wrong for a while (a table seeded at another
 context length, a trie whose estimates drifted). So the engine also
 measures, per class of running-batch size, the tokens per second the whole
 decode step delivered, separately for steps that verified drafts and steps
-that did not. Where drafting steps come out clearly slower than plain ones
-(below `margin`, to stay out of the timing noise), drafting is switched off
-in that class, so rows do not even build trees, and probed again every
+that did not. Where drafting steps come out slower than plain ones (below
+`margin` of their tokens/s: 1.0, since drafting that merely ties plain buys
+nothing, and the earlier 3% tolerance let 3% losses stand), drafting is
+switched off in that class, so rows do not even build trees, and probed again every
 `probe_every` steps, so that a change in load or text brings it back.
 
 A class where the planner always drafts has no plain steps to compare
@@ -49,7 +50,7 @@ def size_class(rows: int) -> int:
 class Payoff:
     min_steps: int = 8  # steps of each kind in a size class before the check may turn drafting off there
     probe_every: int = 16  # while off, let the planner draft again every this many steps
-    margin: float = 0.97  # drafting is turned off only when it delivers below this share of plain's tokens/s
+    margin: float = 1.0  # drafting is turned off when it delivers below this share of plain's tokens/s
     decay: float = 0.95  # per step of that kind: the check follows roughly the last 20 of each
     enabled: bool = True
     _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (drafting, plain steps)

@@ -18,6 +18,17 @@ did not include. The drafts = 0 column is the plain step, which every layout
 shares: a plain step refines it in all of them, so a drafting step is always
 weighed against the same plain price.
 
+Two rules keep the grid a cost curve, whatever order steps arrive in:
+- A plain step scales the whole curve of the rows it touched (every draft
+  column, every layout) by the factor it moved their plain price. Plain
+  steps are most of what a loaded engine runs; without this, a machine that
+  slows down (or contexts that grow) raises the plain price while the
+  drafting points keep their start-up values, until drafts look cheaper than
+  none (seen: 8 rows priced 126 ms plain, 104 ms with one draft).
+- Along the drafts axis a row's curve never falls: after a drafting step,
+  each point is at least the one before it, so no draft is priced below a
+  plain step.
+
 Pure Python; no torch.
 """
 
@@ -84,11 +95,19 @@ class StepTable:
         err = ms - self(layout, rows, drafts)
         if self.rate:
             self.error += (abs(err) / ms - self.error) * 0.05
-        for lay in (LAYOUTS if drafts == 0 else (layout,)):
-            if lay in self.ms:
-                grid = self.ms[lay]
+        if drafts == 0:  # the plain price moves, and with it the rows' whole curves, in every layout
+            for grid in self.ms.values():
                 for i, j, w in corners:
-                    grid[i][j] = max(grid[i][j] + self.rate * err * w / norm, 1e-3)
+                    old = grid[i][j]
+                    scale = max(old + self.rate * err * w / norm, 1e-3) / old
+                    grid[i] = [v * scale for v in grid[i]]
+        elif layout in self.ms:
+            grid = self.ms[layout]
+            for i, j, w in corners:
+                grid[i][j] = max(grid[i][j] + self.rate * err * w / norm, 1e-3)
+            for i in {i for i, _, _ in corners}:  # never cheaper with more drafts in flight
+                for j in range(1, len(self.drafts)):
+                    grid[i][j] = max(grid[i][j], grid[i][j - 1])
         self.observed += 1
 
     def summary(self) -> dict[str, dict[int, dict[int, float]]]:

@@ -36,3 +36,26 @@ def test_nonsense_measurements_are_ignored():
     for ms in (float("nan"), float("inf"), -1.0, 0.0):
         t.observe("packed", 4, 8, ms)
     assert t("packed", 4, 8) == pytest.approx(18) and t.observed == 0
+
+
+def test_a_plain_step_scales_the_whole_curve_of_its_rows():
+    """A machine that runs twice as slow shows it first in plain steps; the drafting prices of those rows follow
+    (otherwise drafts would soon look cheaper than none)."""
+    t = table()
+    before = [t("packed", 16, d) for d in (0, 8, 64)]
+    for _ in range(60):
+        t.observe("packed", 16, 0, 2 * before[0])
+    after = [t("packed", 16, d) for d in (0, 8, 64)]
+    assert all(a == pytest.approx(2 * b, rel=0.03) for a, b in zip(after, before))
+    assert t("split", 16, 8) == pytest.approx(after[1], rel=0.03)
+    assert t("packed", 1, 8) == pytest.approx(15)  # rows it did not touch keep their curve
+
+
+def test_no_draft_is_priced_below_a_plain_step():
+    """A drafting step measured cheaper than plain (noise, or a plain price too high) cannot make the curve
+    fall along the drafts axis."""
+    t = table()
+    for _ in range(50):
+        t.observe("packed", 4, 8, 5.0)  # plain at 4 rows is 14
+    prices = [t("packed", 4, d) for d in (0, 1, 4, 8, 36, 64)]
+    assert prices == sorted(prices) and prices[0] == pytest.approx(14)
