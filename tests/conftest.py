@@ -37,6 +37,10 @@ os.environ.setdefault("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.
 # load is not a reason to fail, so the proxy gets longer here.
 os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
+# Ray starts its workers (every replica, the Serve controller and proxy) at niceness 15. With another process
+# keeping both cores busy at niceness 0, they got ~3% of a core each: a SmolLM2 replica took over 5 minutes to
+# start, and the suite would have taken hours. The tests check behaviour, not priority: workers run at 0 here.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.fixture(scope="session")
