@@ -59,13 +59,15 @@ def serve_url():
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smollm2):
     """A tiny random Llama with SmolLM2's tokenizer, saved as a model folder: for serving tests where the
-    model is beside the point (autoscaling, faults, overload, fuzzing) and a real one would only be slow."""
+    model is beside the point (autoscaling, faults, overload, fuzzing) and a real one would only be slow.
+    Its context is 128k tokens: those tests hold generations of up to 60,000 tokens open, and a request past
+    the model's context is refused with a 400 (serve_app.admission.check_context)."""
     import transformers as tf
 
     path = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(vocab_size=len(smollm2.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 17,
                          eos_token_id=smollm2.eos_token_ids[0])
     tf.LlamaForCausalLM(cfg).save_pretrained(path)
     smollm2.tokenizer.save_pretrained(path)
