@@ -254,6 +254,7 @@ class Engine:
             s.waiting.remove(seq)
             self._finish(seq)
         if s.prefilling is not None and cancelled(s.prefilling.seq):
+            s.release(s.prefilling.seq)
             self._finish(s.prefilling.seq)
             s.prefilling, self._prefill_cache = None, None
         for row in sorted((r for r, q in enumerate(s.running) if cancelled(q)), reverse=True):
@@ -277,6 +278,8 @@ class Engine:
                 for h in self._inbox:
                     self._handles[id(h.seq)] = h
                 self._inbox.clear()
+        if s.prefilling is not None:
+            s.release(s.prefilling.seq)
         s.prefilling, self._prefill_cache = None, None
         while s.running:
             self._release(len(s.running) - 1)

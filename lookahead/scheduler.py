@@ -7,11 +7,19 @@ than by its whole prefill. A prefilled request joins the running batch at the
 next step if a row is free (`max_batch_size`). Row b of the batch KV cache
 belongs to `running[b]`; when a request leaves, the last row moves into its
 place (the cache does the same), so rows stay contiguous.
+
+Admission by memory: with a `KVLedger`, the head of the queue starts its
+prefill only once its worst case (prompt + max_new_tokens + the tree
+headroom) is reserved; until then it and everyone behind it wait (FIFO, so a
+long request is never starved by short ones). The reservation is released
+when the request leaves.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from .kv_memory import KVLedger
 
 if TYPE_CHECKING:  # the scheduler only holds them; sequence.py imports torch
     from .sequence import Sequence
@@ -57,6 +65,12 @@ class Scheduler:
     waiting: deque = field(default_factory=deque)  # of Sequence
     prefilling: Prefill | None = None
     running: list["Sequence"] = field(default_factory=list)  # index = batch row
+    ledger: KVLedger | None = None  # admission by memory; None: rows are the only limit
+    headroom: int = 0  # KV entries a verification writes past a row's committed context
+
+    def worst_case(self, seq: "Sequence") -> int:
+        """The most KV entries this request's row can ever hold."""
+        return len(seq.prompt) + seq.stop.max_new_tokens + self.headroom
 
     def add(self, seq: "Sequence") -> None:
         self.waiting.append(seq)
@@ -66,6 +80,12 @@ class Scheduler:
         if self.prefilling is None:
             if not self.waiting or len(self.running) >= self.config.max_batch_size:
                 return None
+            head = self.waiting[0]
+            if self.ledger is not None:
+                worst = self.worst_case(head)
+                if not self.ledger.can_reserve(worst):
+                    return None  # waits for running requests to free their blocks
+                self.ledger.reserve(id(head), worst)
             self.prefilling = Prefill(self.waiting.popleft())
         p = self.prefilling
         end = min(p.total, p.done + self.config.prefill_chunk)
@@ -84,8 +104,14 @@ class Scheduler:
         self.running.append(seq)
         return seq
 
+    def release(self, seq: "Sequence") -> None:
+        """The request left (finished, cancelled or failed): its KV reservation is free again."""
+        if self.ledger is not None:
+            self.ledger.release(id(seq))
+
     def remove_row(self, row: int) -> None:
         """Mirror of BatchKVCache.release: the last row moves into `row`."""
+        self.release(self.running[row])
         last = self.running.pop()
         if row < len(self.running):
             self.running[row] = last

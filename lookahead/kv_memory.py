@@ -1,0 +1,188 @@
+"""KV memory: what one token costs, how much the replica may spend, and the ledger that admits by it.
+
+A request is admitted only when its worst case fits: prompt + max_tokens +
+the tree headroom a verification writes past the committed context, rounded
+up to whole blocks of `block_tokens`. The ledger reserves that many
+contiguous blocks of the replica's one KV pool for the request's life, so an
+admitted request can always finish: no preemption, no out-of-memory
+mid-generation, and the row's context is one slice of the pool that
+attention reads in place. Reservations are first-fit; a release coalesces
+with its free neighbours, so once the running requests leave, any request
+that fits the budget at all fits again. What a row actually holds (`hold`)
+grows inside its reservation; `used_bytes` and `peak_bytes` report that.
+
+The budget, in order of precedence:
+- `memory.kv_cache_gb`, when set, on any device;
+- on CUDA, the device's memory x `gpu_memory_utilization`, less what is in
+  use once the weights are loaded, less a measured forward's peak (vLLM's
+  rule);
+- on CPU, `host_share` of the RAM available at start.
+
+Pure Python; no torch.
+"""
+
+from dataclasses import dataclass, field
+from math import ceil
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The per-token KV footprint of a model: keys and values of every layer."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int  # 4 for fp32, 2 for bf16 / fp16
+
+    @property
+    def token_bytes(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def of(cls, config, dtype_bytes: int) -> "KVShape":
+        """From a transformers config (Llama, Mistral, Qwen2/3, Glm: the architectures the runner serves)."""
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return cls(config.num_hidden_layers, kv_heads, head_dim, dtype_bytes)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """An accelerator's memory as read at start (`torch.cuda.mem_get_info`), in bytes."""
+
+    total: int
+    used: int  # in use once the weights are loaded, by this process and any other
+    forward_peak: int  # the most a forward of `max_tokens_per_step` tokens added above that
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: int
+    source: str  # which rule gave it, for the start-up log and /stats
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0:
+            raise ValueError(f"negative KV budget from {self.source}")
+
+
+HOST_SHARE = 0.25  # of the RAM available at start, when nothing else says: the rest is weights, activations, Ray
+
+
+def kv_budget(kv_cache_gb: float | None, utilization: float, device: DeviceMemory | None,
+              host_available: int) -> Budget:
+    if kv_cache_gb is not None:
+        return Budget(int(kv_cache_gb * 2**30), f"memory.kv_cache_gb={kv_cache_gb:g}")
+    if device is not None:
+        free = int(device.total * utilization) - device.used - device.forward_peak
+        if free <= 0:
+            raise ValueError(
+                f"no room for KV: {device.total / 2**30:.1f} GiB x gpu_memory_utilization {utilization:g} "
+                f"leaves nothing after {device.used / 2**30:.1f} GiB in use and a "
+                f"{device.forward_peak / 2**30:.2f} GiB forward peak")
+        return Budget(free, f"device {device.total / 2**30:.1f} GiB x {utilization:g} - "
+                            f"{device.used / 2**30:.1f} GiB in use - {device.forward_peak / 2**30:.2f} GiB forward peak")
+    return Budget(int(host_available * HOST_SHARE), f"{HOST_SHARE:g} of {host_available / 2**30:.1f} GiB available RAM")
+
+
+@dataclass
+class KVLedger:
+    """Blocks of the budget reserved per request; admission asks it first."""
+
+    shape: KVShape
+    budget: Budget
+    block_tokens: int = 16
+    _reserved: dict[object, tuple[int, int]] = field(default_factory=dict)  # request key -> (first block, blocks)
+    _free: list[tuple[int, int]] = field(default_factory=list)  # free runs (first block, blocks), in block order
+    _held: dict[object, int] = field(default_factory=dict)  # request key -> tokens its row holds now
+    peak_bytes: int = 0  # the most held at once
+
+    def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise ValueError("block_tokens must be >= 1")
+        self._free = [(0, self.blocks)] if self.blocks else []
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.shape.token_bytes
+
+    @property
+    def blocks(self) -> int:
+        return self.budget.bytes // self.block_bytes
+
+    @property
+    def token_capacity(self) -> int:
+        return self.blocks * self.block_tokens
+
+    def blocks_for(self, tokens: int) -> int:
+        return ceil(tokens / self.block_tokens)
+
+    def fits_ever(self, tokens: int) -> bool:
+        """Could a request of this worst case run at all, alone?"""
+        return self.blocks_for(tokens) <= self.blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return sum(n for _, n in self._free)
+
+    def _fit(self, need: int) -> int | None:
+        return next((i for i, (_, n) in enumerate(self._free) if n >= need), None)
+
+    def can_reserve(self, tokens: int) -> bool:
+        return self._fit(self.blocks_for(tokens)) is not None
+
+    def reserve(self, key: object, tokens: int) -> int:
+        """Reserve a contiguous range for `tokens` entries; return its first token's place in the pool."""
+        assert key not in self._reserved, "one reservation per request"
+        need = self.blocks_for(tokens)
+        i = self._fit(need)
+        if i is None:
+            raise MemoryError(f"{need} contiguous KV blocks asked; {self.free_blocks} free in {len(self._free)} runs")
+        start, n = self._free[i]
+        if n == need:
+            del self._free[i]
+        else:
+            self._free[i] = (start + need, n - need)
+        self._reserved[key] = (start, need)
+        self._held[key] = 0
+        return start * self.block_tokens
+
+    def offset(self, key: object) -> int:
+        return self._reserved[key][0] * self.block_tokens
+
+    def reserved_tokens(self, key: object) -> int:
+        return self._reserved[key][1] * self.block_tokens
+
+    def hold(self, key: object, tokens: int) -> None:
+        """The request's row now holds `tokens` entries (its committed context plus this step's tree)."""
+        assert self.blocks_for(tokens) <= self._reserved[key][1], "a row outgrew its reservation"
+        self._held[key] = tokens
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+
+    def release(self, key: object) -> None:
+        self._held.pop(key, None)
+        got = self._reserved.pop(key, None)
+        if got is None:
+            return
+        runs = sorted([*self._free, got])
+        merged = [runs[0]]
+        for start, n in runs[1:]:
+            last_start, last_n = merged[-1]
+            if last_start + last_n == start:
+                merged[-1] = (last_start, last_n + n)
+            else:
+                merged.append((start, n))
+        self._free = merged
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(n for _, n in self._reserved.values()) * self.block_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Whole blocks the running rows hold now."""
+        return sum(self.blocks_for(t) for t in self._held.values()) * self.block_bytes
+
+    def admissible(self, tokens: int) -> int:
+        """How many requests of this worst case fit the whole budget at once."""
+        return self.blocks // self.blocks_for(tokens)

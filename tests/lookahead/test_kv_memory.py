@@ -1,0 +1,136 @@
+"""KV memory: per-token bytes from the real flagship configs, the budget's precedence, and admission by the ledger.
+
+The Qwen-14B-Chat and ChatGLM3-6B `config.json` files in tests/lookahead/data are the checkpoints'
+own shapes; they go through the same converters serving uses, and the weights are sized on the
+meta device (nothing is allocated).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lookahead.config import LookaheadConfig
+from lookahead.convert import chatglm3, qwen1
+from lookahead.kv_memory import Budget, DeviceMemory, KVLedger, KVShape, kv_budget
+from lookahead.sampling import SamplingParams
+from lookahead.scheduler import Scheduler, SchedulerConfig
+from lookahead.sequence import Sequence, StopCriteria
+
+DATA = Path(__file__).parent / "data"
+GiB = 2**30
+FLAGSHIPS = {"qwen-14b-chat": qwen1, "chatglm3-6b": chatglm3}
+
+
+def native(name: str):
+    return FLAGSHIPS[name].native_config(json.loads((DATA / f"{name}.config.json").read_text()), [2], None)
+
+
+def weight_bytes(config, dtype=torch.bfloat16) -> int:
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_token_bytes_of_the_flagships():
+    # 40 layers x (K and V) x 40 heads x 128 x 2 bytes; 28 layers x 2 x 2 groups x 128 x 2 bytes
+    assert KVShape.of(native("qwen-14b-chat"), 2).token_bytes == 819_200
+    assert KVShape.of(native("chatglm3-6b"), 2).token_bytes == 28_672
+
+
+def test_the_budget_follows_its_precedence():
+    gpu = DeviceMemory(total=80 * GiB, used=30 * GiB, forward_peak=2 * GiB)
+    assert kv_budget(1.5, 0.9, gpu, 64 * GiB).bytes == int(1.5 * GiB)  # kv_cache_gb wins on any device
+    assert kv_budget(None, 0.9, gpu, 64 * GiB).bytes == int(80 * GiB * 0.9) - 32 * GiB
+    assert kv_budget(None, 0.9, None, 64 * GiB).bytes == 16 * GiB  # CPU: a quarter of the available RAM
+    with pytest.raises(ValueError, match="no room for KV"):
+        kv_budget(None, 0.3, gpu, 64 * GiB)
+
+
+def seq(prompt_tokens: int, new_tokens: int) -> Sequence:
+    return Sequence([1] * prompt_tokens, StopCriteria(new_tokens), SamplingParams(), LookaheadConfig())
+
+
+def admit_all(s: Scheduler) -> int:
+    """Prefill and admit whatever the scheduler lets start, as the engine would."""
+    while (chunk := s.next_prefill_chunk()) is not None:
+        chunk[0].done = chunk[0].total
+        assert s.can_admit()
+        s.admit()
+    return len(s.running)
+
+
+@pytest.mark.parametrize("gib", [80, 141])
+@pytest.mark.parametrize("name", sorted(FLAGSHIPS))
+def test_the_plan_admits_what_fits_and_never_more(name, gib):
+    config = native(name)
+    shape = KVShape.of(config, 2)
+    weights = weight_bytes(config)
+    device = DeviceMemory(total=gib * GiB, used=weights + GiB // 2, forward_peak=GiB)  # CUDA context; a forward
+    ledger = KVLedger(shape, kv_budget(None, 0.9, device, 0))
+    headroom = LookaheadConfig().decoding_length + 1
+    worst = 6144 + 2048 + headroom
+    block_bytes = ledger.block_tokens * shape.token_bytes
+    expected = ledger.budget.bytes // block_bytes // -(-worst // ledger.block_tokens)
+    assert expected == ledger.admissible(worst) >= 1
+    s = Scheduler(SchedulerConfig(max_batch_size=4096, max_tokens_per_step=4096), ledger=ledger, headroom=headroom)
+    for _ in range(expected + 5):
+        s.add(seq(6144, 2048))
+    assert admit_all(s) == expected and len(s.waiting) == 5
+    assert ledger.reserved_bytes <= ledger.budget.bytes
+    s.remove_row(0)  # one finishes: exactly one more starts
+    assert admit_all(s) == expected and len(s.waiting) == 4
+
+
+def test_the_flagship_arithmetic_on_an_80_gb_card():
+    # What configs/qwen14b.yaml's comments state: ~26.4 GiB of bf16 weights leave room for 6 requests of
+    # a 6k prompt + 2k new tokens (8.2k tokens x 0.82 MB = 6.3 GiB each) in 72 GiB x 0.9 of an 80 GiB card.
+    config = native("qwen-14b-chat")
+    assert 26 * GiB < weight_bytes(config) < 27 * GiB
+    ledger = KVLedger(KVShape.of(config, 2), kv_budget(None, 0.9, DeviceMemory(80 * GiB, weight_bytes(config) + GiB // 2, GiB), 0))
+    assert ledger.admissible(6144 + 2048 + 65) == 6
+    glm = native("chatglm3-6b")
+    ledger = KVLedger(KVShape.of(glm, 2), kv_budget(None, 0.9, DeviceMemory(80 * GiB, weight_bytes(glm) + GiB // 2, GiB), 0))
+    assert ledger.admissible(6144 + 2048 + 65) > 32  # GQA with 2 groups: the batch size, not memory, binds
+
+
+def test_a_request_waits_for_memory_and_the_queue_stays_fifo():
+    shape = KVShape(layers=2, kv_heads=1, head_dim=4, dtype_bytes=4)  # 64 bytes per token
+    ledger = KVLedger(shape, Budget(64 * 16 * 10, "test"), block_tokens=16)  # 10 blocks
+    s = Scheduler(SchedulerConfig(max_batch_size=8, max_tokens_per_step=64), ledger=ledger, headroom=4)
+    big, small = seq(100, 50), seq(4, 4)  # 154 tokens: 10 blocks; 12 tokens: 1 block
+    first = seq(4, 4)
+    for q in (first, big, small):
+        s.add(q)
+    assert admit_all(s) == 1  # `first` runs; `big` cannot start, and `small` does not jump it
+    assert list(s.waiting) == [big, small]
+    s.remove_row(0)
+    assert admit_all(s) == 1 and s.running == [big]
+    assert not ledger.can_reserve(1)
+    assert ledger.fits_ever(160) and not ledger.fits_ever(161)
+
+
+def test_held_tokens_report_whole_blocks_and_the_peak():
+    ledger = KVLedger(KVShape(1, 1, 1, 4), Budget(8 * 16 * 4, "test"), block_tokens=16)
+    ledger.reserve(1, 40)  # 3 blocks
+    ledger.hold(1, 17)
+    assert ledger.used_bytes == 2 * 16 * 8
+    ledger.hold(1, 40)
+    with pytest.raises(AssertionError):
+        ledger.hold(1, 49)
+    ledger.release(1)
+    assert ledger.used_bytes == 0 and ledger.peak_bytes == 3 * 16 * 8
+
+
+def test_reservations_are_contiguous_and_coalesce_when_released():
+    ledger = KVLedger(KVShape(1, 1, 1, 4), Budget(10 * 16 * 8, "test"), block_tokens=16)  # 10 blocks
+    assert [ledger.reserve(k, n * 16) for k, n in (("a", 3), ("b", 3), ("c", 4))] == [0, 48, 96]
+    ledger.release("a")
+    ledger.release("c")
+    assert ledger.free_blocks == 7 and not ledger.can_reserve(5 * 16)  # 3 + 4 free, but not in one run
+    assert ledger.reserve("d", 4 * 16) == 96  # first fit: the run that holds it
+    ledger.release("b")
+    ledger.release("d")
+    assert ledger.reserve("e", 10 * 16) == 0  # everything left: one run again
