@@ -36,10 +36,15 @@ from .kv_cache import KVCache
 from .payoff import Payoff
 from .planner import plan_step
 from .prefix_cache import PrefixCache
+from .runner import is_fatal_device_error
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
 
 log = logging.getLogger(__name__)
+
+
+class EngineStopped(RuntimeError):
+    """The engine no longer takes requests (a fatal device error): the replica is to be replaced."""
 
 _TOKENS, _DONE, _ERROR = "tokens", "done", "error"
 
@@ -129,6 +134,7 @@ class Engine:
         self._prefill_cache: KVCache | None = None
         self.prefixes = PrefixCache(config.prefix_cache_mb * 2**20)
         self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
+        self.fatal: BaseException | None = None  # a device error that stopped the engine for good
         self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
         self.steps = 0
         self.forward_tokens = 0  # tokens the decode forwards computed, summed
@@ -148,6 +154,8 @@ class Engine:
 
     def submit(self, seq: Sequence, *, loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
         """Queue a request built by `decoder.new_sequence`."""
+        if self.fatal is not None:
+            raise EngineStopped(f"the engine stopped after a fatal device error: {self.fatal}")
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -202,8 +210,9 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        """The background thread is running (False before `start` and after `shutdown` or a crash)."""
-        return self._thread is not None and self._thread.is_alive()
+        """The background thread is running (False before `start`, after `shutdown`, a crash or a fatal device
+        error)."""
+        return self._thread is not None and self._thread.is_alive() and self.fatal is None
 
     @property
     def active_requests(self) -> int:
@@ -229,8 +238,14 @@ class Engine:
             if self.scheduler.running:
                 self._decode_step()
         except Exception as e:  # a failed forward must not hang anyone: fail what was in flight, keep serving
-            log.exception("engine step failed; failing the requests in flight")
-            self._fail(e, queued_too=False)
+            if is_fatal_device_error(e):  # ...unless the device itself is gone: stop, so the replica is replaced
+                log.critical("fatal device error; the engine stops (the health check fails from now): %s", e)
+                self.fatal = e
+                self._stop.set()
+                self._fail(e, queued_too=True)
+            else:
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail(e, queued_too=False)
         self.steps += 1
         return True
 

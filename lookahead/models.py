@@ -144,9 +144,14 @@ def load_model(
     if trust_remote_code:
         log.warning("trust_remote_code is on for %s: its repository's Python code will run here", spec)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    placement = {"device_map": device_map, "max_memory": max_memory} if device_map is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code, **placement)
-    model = (model if device_map is not None else model.to(device)).eval()
+    # Weights load straight onto their device (a 14B checkpoint never passes through host RAM as a whole
+    # copy): the one device unless `device_map` spreads the layers.
+    if device_map is not None:
+        placement = {"device_map": device_map, "max_memory": max_memory}
+    else:
+        placement = {"device_map": device} if device != "cpu" else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                 **placement).eval()
     return LoadedModel(model, tokenizer, spec, path, eos_ids(model, tokenizer))
 
 

@@ -112,12 +112,13 @@ class PrefixCache:
             if shared == len(entry.tokens):  # the new prompt extends a kept one: it replaces it
                 self._drop(key)
         layers = [l for l in cache.layers if l.is_initialized]
+        size = sum((l.keys[0, :, :n].numel() + l.values[0, :, :n].numel()) * l.keys.element_size() for l in layers)
+        if size > self.max_bytes:  # sized before anything is copied: the bound holds at every moment
+            return
+        while self._entries and self.bytes + size > self.max_bytes:
+            self._drop(next(iter(self._entries)))
         entry = PrefixEntry(list(tokens), [l.keys[0, :, :n].clone() for l in layers],
                             [l.values[0, :, :n].clone() for l in layers])
-        if entry.nbytes > self.max_bytes:
-            return
-        while self._entries and self.bytes + entry.nbytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
         self._entries[self._next] = entry
         self._next += 1
         self.bytes += entry.nbytes

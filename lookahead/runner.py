@@ -323,6 +323,20 @@ class ModelRunner:
         return table
 
 
+FATAL_MARKS = ("CUDA error", "device-side assert", "CUBLAS_STATUS", "cuDNN error", "NCCL error", "CUDA driver")
+
+
+def is_fatal_device_error(e: BaseException) -> bool:
+    """Does this error leave the device unusable? A CUDA error other than out-of-memory poisons the context:
+    every later kernel fails too, so the replica must be replaced. Out-of-memory, and any CPU error, do not."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return False
+    accel = getattr(torch, "AcceleratorError", None)
+    if accel is not None and isinstance(e, accel):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in FATAL_MARKS)
+
+
 def logits_agree(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, ulps: float = 4.0) -> bool:
     """Two forwards of the same tokens agree up to the model dtype's rounding: within `ulps` units of its
     last place at the largest logit (at least 1e-3, and 1e-3 relative), and with the same best token

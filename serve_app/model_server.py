@@ -207,6 +207,9 @@ class LookaheadModel:
                 task.cancel()
 
     def _admit(self, job: Job, loop) -> RequestHandle:
+        if self.engine.fatal is not None:  # the health check fails too: Ray replaces this replica
+            raise Rejected(JobError(503, f"model {self.cfg.name}'s replica lost its device and is being replaced; "
+                                         f"retry", type="overloaded"))
         if self.engine.active_requests >= self.cfg.limits.max_engine_queue:
             raise Rejected(JobError(503, f"model {self.cfg.name} is at capacity; retry later", type="overloaded"))
         ids = self._encode(job)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
-from lookahead.engine import Engine
+from lookahead.engine import Engine, EngineStopped
 from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
@@ -217,6 +217,47 @@ def test_a_failed_forward_fails_only_the_requests_in_flight(monkeypatch):
             raise AssertionError("an in-flight request survived a failed forward silently")
     assert engine.cache.rows == 0
     assert drain(engine, [queued])[0].tokens == hf_greedy(model, PROMPTS[2], 20)  # the engine kept serving
+
+
+def test_a_fatal_device_error_stops_the_engine_and_fails_everything(monkeypatch):
+    """A CUDA error other than out-of-memory poisons the device for good: the engine must stop (its replica's
+    health check then fails and Ray replaces it) rather than fail every later request one by one."""
+    model, engine = make_engine(max_batch_size=1)
+    engine.start()
+    running = engine.add_request(PROMPTS[0], stop=StopCriteria(10**4), lookahead=LookaheadConfig(enabled=False))
+    queued = engine.add_request(PROMPTS[1], stop=StopCriteria(20))
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(engine.runner, "verify_batch", boom)
+    for h in (running, queued):
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            h.result(timeout=60)
+    assert not engine.alive
+    with pytest.raises(EngineStopped):
+        engine.add_request(PROMPTS[2], stop=StopCriteria(5))
+    engine.shutdown()
+
+
+def test_out_of_memory_in_a_step_fails_that_step_only(monkeypatch):
+    model, engine = make_engine(max_batch_size=2)
+    a = engine.add_request(PROMPTS[0], stop=StopCriteria(20))
+    for _ in range(3):
+        engine.step()
+    real = engine.runner.verify_batch
+
+    def oom(*args, **kwargs):
+        monkeypatch.setattr(engine.runner, "verify_batch", real)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(engine.runner, "verify_batch", oom)
+    engine.step()
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        a.result(timeout=0)
+    assert engine.fatal is None and engine.cache.rows == 0
+    b = engine.add_request(PROMPTS[1], stop=StopCriteria(10))
+    assert drain(engine, [b])[0].tokens == hf_greedy(model, PROMPTS[1], 10)
 
 
 def test_where_drafts_measurably_lose_the_batch_decodes_plainly_and_stays_lossless():

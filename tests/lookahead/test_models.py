@@ -57,3 +57,32 @@ def test_a_model_that_ignores_4d_masks_is_refused_by_name():
     with pytest.raises(UnsupportedModelError, match="MaskBlindLlama"):
         ModelRunner(MaskBlindLlama()).check_tree_masks()
     ModelRunner(tiny("llama")).check_tree_masks()  # a native model passes
+
+
+def test_weights_load_straight_onto_their_device(monkeypatch):
+    """On a GPU the checkpoint is placed by `from_pretrained` itself (device_map), never loaded to host RAM
+    whole and then moved: for Qwen-14B that host copy is 28 GB per replica."""
+    import lookahead.models as models
+
+    seen = {}
+
+    class Model:
+        config = None
+
+        def eval(self):
+            return self
+
+        def to(self, *a, **k):
+            raise AssertionError("the weights were loaded on the host first")
+
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", lambda path, **k: seen.update(k) or Model())
+    monkeypatch.setattr(models, "resolve_path", lambda spec: spec)
+    monkeypatch.setattr(models, "eos_ids", lambda m, t: [0])
+    models.load_model("some/model", dtype="bfloat16", device="cuda:0")
+    assert seen["device_map"] == "cuda:0"
+    models.load_model("some/model", dtype="bfloat16", device="cuda", device_map="auto", max_memory={0: "70GiB"})
+    assert seen["device_map"] == "auto" and seen["max_memory"] == {0: "70GiB"}
+    seen.clear()
+    models.load_model("some/model", dtype="float32", device="cpu")
+    assert "device_map" not in seen
