@@ -3,10 +3,10 @@
 A request is admitted only when its worst case fits: prompt + max_tokens +
 the tree headroom a verification writes past the committed context, rounded
 up to whole blocks of `block_tokens`. The ledger reserves that many
-contiguous blocks of the replica's one KV pool for the request's life, so an
-admitted request can always finish: no preemption, no out-of-memory
-mid-generation, and the row's context is one slice of the pool that
-attention reads in place. Reservations are first-fit; a release coalesces
+contiguous blocks for the request's life, so an admitted request can always
+finish: no preemption, no out-of-memory mid-generation. (A pool whose rows
+are these ranges, read in place by attention, is on branch `kv-pool`; main's
+engine still uses `batch_cache.py` and no ledger.) Reservations are first-fit; a release coalesces
 with its free neighbours, so once the running requests leave, any request
 that fits the budget at all fits again. What a row actually holds (`hold`)
 grows inside its reservation; `used_bytes` and `peak_bytes` report that.
@@ -16,7 +16,7 @@ The budget, in order of precedence:
 - on CUDA, the device's memory x `gpu_memory_utilization`, less what is in
   use once the weights are loaded, less a measured forward's peak (vLLM's
   rule);
-- on CPU, `host_share` of the RAM available at start.
+- on CPU, `HOST_SHARE` of the RAM available at start.
 
 Pure Python; no torch.
 """
