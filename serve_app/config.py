@@ -144,6 +144,9 @@ class IngressOptions(Strict):
     max_ongoing_requests: int = Field(1000, ge=1)  # HTTP requests per ingress replica
     max_queued_requests: int = Field(2000, ge=-1)  # beyond this the proxy answers 503
     max_body_bytes: int = Field(1_048_576, ge=1024)  # bigger request bodies answer 413
+    # A stream that has sent nothing for this long (queued behind other generations, say) gets an SSE comment
+    # line, which clients ignore: a client's or proxy's idle timeout then means a dead server, not a long queue.
+    stream_keepalive_s: float = Field(10.0, gt=0, le=300)
     # A replaced ingress replica (a redeploy changes its config whenever a model's does) keeps streaming the
     # generations it proxies for this long: as long as the models' own drain, or their streams are cut.
     graceful_shutdown_timeout_s: float = Field(300, ge=0)

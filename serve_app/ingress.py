@@ -10,7 +10,8 @@ Errors are JSON bodies in OpenAI's shape, `{"error": {"message", "type",
 unsupported parameters and over-long prompts (naming the field), 404 for an
 unknown model, 401 without a valid API key (when keys are configured; see
 guard.py), 413 for an oversized body, 503 (with Retry-After) when the
-model's queue is full. A client that disconnects cancels its own request
+model's queue is full. A stream silent for `stream_keepalive_s` (queued
+behind other generations) gets an SSE comment line, which clients ignore. A client that disconnects cancels its own request
 only. `reconfigure` takes `{"batching": {model: {max_batch_size,
 batch_wait_timeout_s}}}` through the deployment's `user_config`.
 """
@@ -31,7 +32,7 @@ from .config import AppConfig
 from .guard import Guard, load_keys
 from .jobs import JobError, Rejected
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .responses import ClosingStreamingResponse, Completion, error_response, sse
+from .responses import KEEPALIVE, ClosingStreamingResponse, Completion, error_response, sse, with_keepalive
 from .route import JobStream, ModelRoute
 
 log = logging.getLogger("ray.serve")
@@ -156,7 +157,10 @@ class Ingress:
     async def _sse(self, stream: JobStream, events, out: Completion, include_usage: bool):
         first = True
         try:
-            async for e in events:
+            async for e in with_keepalive(events, self.config.ingress.stream_keepalive_s):
+                if e is None:
+                    yield KEEPALIVE
+                    continue
                 if e.error is not None:
                     yield sse(e.error.body())
                     return

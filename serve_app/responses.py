@@ -6,8 +6,10 @@ per step, and draft tokens verified / accepted. Clients that do not know the
 field ignore it.
 """
 
+import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from starlette.responses import JSONResponse, StreamingResponse
@@ -64,6 +66,37 @@ class Completion:
 def sse(payload: dict | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
+
+
+KEEPALIVE = ": keepalive\n\n"  # an SSE comment: every client ignores it; it only keeps bytes flowing
+
+
+async def with_keepalive(events: AsyncIterator, period_s: float) -> AsyncIterator:
+    """`events`, with a None wherever `period_s` passes without one (the stream then sends `KEEPALIVE`).
+
+    A stream can be silent for long: queued behind other generations, or re-sent to another replica after
+    its first one died. A client (or proxy) that times out between bytes should learn that the server is
+    gone, not that the queue is long. The pending `__anext__` is awaited, never cancelled, between beats.
+    """
+    it = events.__aiter__()
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=period_s)
+            if not done:
+                yield None
+                continue
+            fut, pending = pending, None
+            try:
+                event = fut.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
 
 
 def error_response(err: JobError, headers: dict | None = None) -> JSONResponse:

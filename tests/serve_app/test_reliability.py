@@ -8,19 +8,23 @@ test through its client timeout; a stream that stops without `[DONE]` or an
 error event counts as a truncated success and fails the test.
 """
 
+import http.client
 import json
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 
 from lookahead.trie import TokenTrie
 from lookahead.trie_store import load as load_memory
-from tests.serving import ANSWER_TIMEOUT, LONG, deploy, outcome, placed, wait_for
+from tests.serving import ANSWER_TIMEOUT, CLIENT_TIMEOUT, LONG, HeldStreams, deploy, outcome, placed, wait_for
 
 APP = "rel"
 MODEL = "tiny"
+KEEPALIVE_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +37,13 @@ def rel(serve_url, tiny_llama_dir, tmp_path_factory):
         "name": MODEL, "model": tiny_llama_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
         "lookahead": {"adaptive": False, "memory_path": str(memory), "memory_save_interval_s": 3600},
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
-        "limits": {"max_new_tokens": 4000, "max_engine_queue": 8, "max_prompt_tokens": 512},
+        "limits": {"max_new_tokens": 60000, "max_engine_queue": 8, "max_prompt_tokens": 512},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "max_queued_requests": 16,
                        # a replica told to go drains its generations: 3,000 steps each, however slow the machine
                        "graceful_shutdown_timeout_s": 600},
     }
-    base = serve_url + deploy(APP, {"models": [model], "ingress": {"max_body_bytes": 65536}})
+    base = serve_url + deploy(APP, {"models": [model], "ingress": {"max_body_bytes": 65536,
+                                                                      "stream_keepalive_s": KEEPALIVE_S}})
     yield {"base": base, "model": model, "memory": memory}
     serve.delete(APP)
 
@@ -89,6 +94,58 @@ def routed_to_every_replica(base: str, replicas: int = 2) -> None:
         return len(now) == replicas and all(now[a] > before.get(a, 0) for a in now)
 
     assert wait_for(every_replica_answered, 90), f"the ingress did not route to all {replicas} replicas"
+
+
+class Probe:
+    """One streamed request read line by line in a thread: what kind each line was, in order."""
+
+    def __init__(self, base: str, body: dict) -> None:
+        url = urlsplit(base)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=CLIENT_TIMEOUT)
+        self.conn.request("POST", f"{url.path}/v1/completions", body=json.dumps(body),
+                          headers={"Content-Type": "application/json"})
+        self.response = self.conn.getresponse()
+        self.kinds: list[str] = []  # "keepalive", "data" or "done", one per SSE line as it arrived
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        if self.response.status == 200:
+            self.thread.start()
+
+    def _read(self) -> None:
+        while line := self.response.readline():
+            if line.startswith(b":"):
+                self.kinds.append("keepalive")
+            elif line == b"data: [DONE]\n":
+                self.kinds.append("done")
+            elif line.startswith(b"data: "):
+                self.kinds.append("error" if b'"error"' in line else "data")
+
+
+def test_a_stream_queued_behind_full_engines_hears_keepalives_until_it_runs(rel):
+    """A queued stream sends SSE comments while it waits, so a client's idle timeout is not a queue's length."""
+    routed_to_every_replica(rel["base"])
+    rows = rel["model"]["batching"]["max_batch_size"]
+    hold = {"model": MODEL, "prompt": "hold the line", "max_tokens": 60000, "temperature": 0, "stream": True,
+            "lookahead": LONG}
+    with HeldStreams(rel["base"], "/v1/completions", hold, 3 * rows):
+        # 12 held, at most 8 per replica: every replica's engine runs a full batch, so a new request queues
+        assert wait_for(lambda: len(loads := replica_loads()) == 2 and min(loads.values()) >= rows, 60), \
+            replica_loads()
+        body = {"model": MODEL, "prompt": "waiting my turn", "max_tokens": 8, "temperature": 0, "stream": True,
+                "lookahead": LONG}
+        for _ in range(20):  # a replica already holding 8 refuses it (503); another call may reach the other
+            probe = Probe(rel["base"], body)
+            if probe.response.status == 200:
+                break
+            assert probe.response.status == 503, probe.response.status
+            probe.conn.close()
+        assert probe.response.status == 200
+        assert wait_for(lambda: "keepalive" in probe.kinds, 60), probe.kinds
+        assert "data" not in probe.kinds  # still queued: the comments came while it had nothing to say
+    probe.thread.join(CLIENT_TIMEOUT)
+    assert probe.kinds[-1] == "done" and "data" in probe.kinds, probe.kinds
+    first_data = probe.kinds.index("data")
+    assert "keepalive" in probe.kinds[:first_data]
+    print(f"\nqueued stream: {probe.kinds[:first_data].count('keepalive')} keepalives before its first token")
 
 
 def test_killing_a_replica_mid_load_loses_no_request(rel):
