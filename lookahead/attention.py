@@ -52,12 +52,16 @@ class RaggedQueries:
     lengths: list[int]  # [rows] each row's committed KV entries (its tree starts there)
     starts: list[int] = field(init=False)  # [rows] where each row's tokens begin in the packed sequence
     roots: torch.Tensor = field(init=False)  # [rows] the same, as an index on the forward's device
-    split: bool = field(init=False)  # attend row by row (`planner.split_attention`), not in the padded layout
+    # Attend row by row, not in the padded layout: the plan's choice where `planner.split_attention` allows it
+    # (None: wherever it allows it).
+    split: bool | None = None
 
     def __post_init__(self) -> None:
         self.starts = [0, *accumulate(self.counts[:-1])]
         self.roots = torch.tensor(self.starts, device=self.row_of.device)
-        self.split = split_attention(self.rows, sum(c > 1 for c in self.counts))
+        allowed = split_attention(self.rows, sum(c > 1 for c in self.counts))
+        assert not self.split or allowed, "split attention needs at most a quarter of the rows drafting"
+        self.split = allowed if self.split is None else self.split
 
 
 @dataclass

@@ -100,14 +100,18 @@ def build_tree(
     mode: str,
     max_drafts: int,
     max_depth: int,
+    min_prob: float = 0.0,
+    keep: int = 0,
 ) -> DraftTree:
+    """`min_prob`, `keep` (hier only): once `keep` rows are in, stop at the first row less likely than
+    `min_prob`. Rows come best first, so every row after it is less likely too."""
     tree = root_only(root_token)
     tree.match_length = match_length
     if not matched or max_drafts <= 0:
         return tree
     total = _count(matched) + PRIOR_COUNT
     if mode == "hier":
-        _best_first(tree, matched, total, max_drafts, max_depth)
+        _best_first(tree, matched, total, max_drafts, max_depth, min_prob * total, keep)
     else:
         branches = 1 if mode == "one" else max_drafts
         _chains(tree, matched, total, max_drafts, max_depth, branches)
@@ -122,13 +126,16 @@ def _add(tree: DraftTree, token: int, parent: int, prob: float) -> int:
     return len(tree.tokens) - 1
 
 
-def _best_first(tree: DraftTree, matched: _Virtual, total: float, max_drafts: int, max_depth: int) -> None:
+def _best_first(tree: DraftTree, matched: _Virtual, total: float, max_drafts: int, max_depth: int,
+                min_count: float = 0.0, keep: int = 0) -> None:
     heap: list[tuple[float, int, int, int, _Virtual]] = []
     seq = 0
     for tok, v in _kids(matched).items():
         heapq.heappush(heap, (-_count(v), seq, 0, tok, v))
         seq += 1
     while heap and tree.num_drafts < max_drafts:
+        if -heap[0][0] < min_count and tree.num_drafts >= keep:
+            return
         neg, _, parent, tok, v = heapq.heappop(heap)
         row = _add(tree, tok, parent, -neg / total)
         if tree.depths[row] < max_depth:

@@ -34,7 +34,7 @@ from collections.abc import Sequence as Seq
 from .generate import LookaheadDecoder
 from .kv_cache import KVCache
 from .payoff import Payoff
-from .planner import plan_step
+from .planner import break_even, plan_step
 from .prefix_cache import PrefixCache
 from .runner import is_fatal_device_error
 from .scheduler import Scheduler, SchedulerConfig
@@ -337,15 +337,20 @@ class Engine:
         builds = sum(seq.index_build_s for seq in running)
         # plan
         allow = self.payoff.allow(n)
-        trees = [seq.propose(d.memory) if allow or not seq.la.adaptive else seq.root() for seq in running]
-        plan = plan_step([seq.candidates(t, d.calibration) for seq, t in zip(running, trees)], self.table,
-                         self.config.max_tokens_per_step, self.ragged, self.table.error)
+        cap = self.config.max_tokens_per_step
+        # Drafts no plan could take are not built (fixed budgets and padded widths plan otherwise)
+        planned = allow and self.ragged and all(seq.la.adaptive for seq in running)
+        floor = break_even(self.table, n, cap) if planned else 0.0
+        trees = [seq.propose(d.memory, floor) if allow or not seq.la.adaptive else seq.root() for seq in running]
+        plan = plan_step([seq.candidates(t, d.calibration, floor) for seq, t in zip(running, trees)], self.table,
+                         cap, self.ragged, self.table.error)
         trees = [t.truncated(c) for t, c in zip(trees, plan.counts)]
         t1 = time.perf_counter()
         # forward
         clock = self.runner.clock
         clock.start()
-        logits = self.runner.verify_batch(self.cache, trees, plan.width, ragged=self.ragged)
+        logits = self.runner.verify_batch(self.cache, trees, plan.width, ragged=self.ragged,
+                                          split=plan.layout == "split")
         clock.stop()
         picks = logits.picks([seq.sampling if seq.draws_on_device else None for seq in running])  # the one sync
         t2 = time.perf_counter()

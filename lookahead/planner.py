@@ -18,6 +18,8 @@ where every token costs a step (a compute-bound CPU batch) nobody drafts.
   that greedy order with the best rate wins (possibly empty: a plain step).
 - Padded forwards (every row sends the widest tree): one width for the
   batch, the one with the best rate.
+- Where a ragged step may attend row by row (few rows drafting; see
+  `split_attention`), the table's cheaper of split and packed is the layout.
 - Rows with a fixed budget (lookahead's `adaptive` off) verify their whole
   tree; the others plan around them. Nothing exceeds `max_tokens`.
 
@@ -40,7 +42,7 @@ class RowDrafts:
 @dataclass
 class StepPlan:
     counts: list[int]  # [rows] draft tokens each row verifies (0: a plain step for that row)
-    layout: str  # "padded" | "packed" | "split" (planner.layout_of)
+    layout: str  # "padded" | "packed" | "split": of those the step may run in (layouts_of), the one priced lowest
     inflight: int  # draft tokens the forward computes: the counts' sum, or rows x (width - 1) when padded
     expected: float  # expected tokens the step emits
     ms: float  # the table's price of the step
@@ -59,10 +61,36 @@ def split_attention(rows: int, drafting: int) -> bool:
     return 0 < drafting and 4 * drafting <= rows
 
 
-def layout_of(rows: int, drafting: int, ragged: bool) -> str:
+def layouts_of(rows: int, drafting: int, ragged: bool) -> tuple[str, ...]:
+    """The layouts a step of `rows` rows, `drafting` of them with drafts, can run in: padded when the model
+    cannot take ragged forwards; else packed, and split too where `split_attention` allows it."""
     if not ragged:
-        return "padded"
-    return "split" if split_attention(rows, drafting) else "packed"
+        return ("padded",)
+    return ("split", "packed") if split_attention(rows, drafting) else ("packed",)
+
+
+def cheapest(price: Price, rows: int, drafting: int, inflight: int, ragged: bool) -> tuple[str, float]:
+    """The layout the table prices lowest for this step, and that price (ties go to the first allowed)."""
+    options = [(price(lay, rows, inflight), i, lay) for i, lay in enumerate(layouts_of(rows, drafting, ragged))]
+    ms, _, layout = min(options)
+    return layout, ms
+
+
+def break_even(table, rows: int, max_tokens: int) -> float:
+    """The calibrated probability below which no draft is in any ragged plan of `rows` adaptive rows
+    (`table`: a StepTable). Nothing is lost by not proposing such drafts, only host work saved.
+
+    A draft of probability p adds p tokens and at least m ms (the table's least marginal price of a
+    draft token, over the layouts a ragged step may run in), so p / m < rows / plain (the plain rate)
+    makes it cost more than it gives. Drafts are bought most likely first, so those below the floor
+    form the tail of the greedy order; the best plan has a rate of at least the plain one, and the
+    mediant of that rate and the tail's (p / m, below it) is below it, so dropping the tail would do
+    better: the best plan holds none of them. Near 0 on a GPU (drafts nearly free); on a compute-bound
+    CPU batch it can pass 1, and then no draft is built at all past the shadow's rows.
+    """
+    plain = table("packed", rows, 0)
+    marginal = table.least_marginal(("packed", "split"), rows, max_tokens - rows)
+    return max(0.0, rows * marginal / plain)
 
 
 def _gain(probs: list[float], k: int) -> float:
@@ -83,10 +111,10 @@ def plan_step(rows: list[RowDrafts], price: Price, max_tokens: int, ragged: bool
 
 def _plan(rows: list[RowDrafts], counts: list[int], price: Price, ragged: bool) -> StepPlan:
     n, drafting = len(rows), sum(c > 0 for c in counts)
-    layout = layout_of(n, drafting, ragged)
     expected = sum(_gain(r.probs, c) for r, c in zip(rows, counts))
-    inflight = n * max(counts) if layout == "padded" else sum(counts)
-    return StepPlan(list(counts), layout, inflight, expected, price(layout, n, inflight))
+    inflight = sum(counts) if ragged else n * max(counts)
+    layout, ms = cheapest(price, n, drafting, inflight, ragged)
+    return StepPlan(list(counts), layout, inflight, expected, ms)
 
 
 def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int, margin: float) -> StepPlan:
@@ -94,7 +122,7 @@ def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: 
     n = len(rows)
     expected = sum(_gain(r.probs, c) for r, c in zip(rows, counts))
     drafting, inflight = sum(c > 0 for c in counts), sum(counts)
-    best_rate, best = expected / price(layout_of(n, drafting, True), n, inflight), list(counts)
+    best_rate, best = expected / cheapest(price, n, drafting, inflight, True)[1], list(counts)
     best_rate *= margin  # the step as it stands (plain, or the fixed rows' trees) unless drafts beat it by that
     heap = [(-r.probs[0], b) for b, r in enumerate(rows) if not r.fixed and r.probs]
     heapq.heapify(heap)
@@ -106,7 +134,7 @@ def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: 
         expected -= neg
         if counts[b] < len(rows[b].probs):
             heapq.heappush(heap, (-rows[b].probs[counts[b]], b))
-        rate = expected / price(layout_of(n, drafting, True), n, inflight)
+        rate = expected / cheapest(price, n, drafting, inflight, True)[1]
         if rate > best_rate:
             best_rate, best = rate, list(counts)
     return _plan(rows, best, price, True)

@@ -21,7 +21,7 @@ from .fast_linear import FastLinears
 from .batch_cache import BatchKVCache
 from .kv_cache import KVCache
 from .sampling import SamplingParams, draw
-from .planner import layout_of
+from .planner import layouts_of
 from .step_table import StepTable, bracket
 from .tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
 
@@ -180,11 +180,12 @@ class ModelRunner:
         return self._forward(cache, tree_inputs(tree, cache.length, self.device), keep_last=len(tree.tokens))
 
     def verify_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int,
-                     ragged: bool = False) -> BatchLogits:
+                     ragged: bool = False, split: bool | None = None) -> BatchLogits:
         """Logits of every row's tree, row b's as [>= len(trees[b].tokens), vocab]; call cache.commit next.
 
         Padded: every row sends `width` tokens. Ragged (when the model allows it): row b sends only its
-        own tree's tokens, all packed into one sequence, so no linear layer computes padding.
+        own tree's tokens, all packed into one sequence, so no linear layer computes padding. `split`: a
+        ragged forward's attention row by row (the plan's layout "split"), or not; None: wherever allowed.
         """
         inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
         kwargs = {self._cache_kw: cache, "use_cache": True}
@@ -198,7 +199,7 @@ class ModelRunner:
         plan = cache.begin_forward(width, counts)
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
         layout = attention.RaggedQueries(len(trees), width, plan.row_of, slot_of,
-                                         counts, list(cache.lengths))
+                                         counts, list(cache.lengths), split)
         with torch.inference_mode(), self._active(layout):
             out = self.model(input_ids=inputs.input_ids[plan.row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
@@ -301,7 +302,7 @@ class ModelRunner:
                 drafting = r if layout != "split" else r // 4
                 k = 1
                 while drafting and k < max_width and r + drafting * k <= max_tokens:
-                    if layout_of(r, drafting, layout != "padded") == layout:
+                    if layout in layouts_of(r, drafting, layout != "padded"):
                         shapes.append((layout, drafting * k, [chain(k)] * drafting + [chain(0)] * (r - drafting)))
                     k *= 2
             best = {(lay, d): float("inf") for lay, d, _ in shapes}
@@ -309,7 +310,7 @@ class ModelRunner:
                 for lay, d, trees in shapes:
                     width = max(len(t.tokens) for t in trees)
                     t0 = time.perf_counter()
-                    self.verify_batch(cache, trees, width, ragged=lay != "padded").argmax()
+                    self.verify_batch(cache, trees, width, ragged=lay != "padded", split=lay == "split").argmax()
                     if timed:
                         best[lay, d] = min(best[lay, d], (time.perf_counter() - t0) * 1e3)
             for layout in layouts:

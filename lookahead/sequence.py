@@ -113,15 +113,20 @@ class Sequence:
         return Generation(self.tokens, self.finish_reason, self.stats)
 
     # ---- one step --------------------------------------------------------
-    def propose(self, memory: TokenTrie) -> DraftTree:
-        """The full candidate tree (probs on the trie's own scale; the caller applies the calibration)."""
+    def propose(self, memory: TokenTrie, floor: float = 0.0) -> DraftTree:
+        """The full candidate tree (probs on the trie's own scale; the caller applies the calibration).
+
+        `floor`: no plan can take a draft less likely than this (`planner.break_even`), so past the
+        shadow's first `SHADOW_DRAFTS` rows none is built. Calibrated probabilities are at most the trie's.
+        """
         la = self.la
         max_depth = min(la.branch_length, self.remaining - 1)
         if not self.drafting or max_depth < 1:
             return root_only(self.ctx[-1])
         sources = [(self.local, la.prompt_weight), (memory, 1.0)]
         m, matched = match(sources, self.ctx, la.max_query_length, la.min_query_length)
-        self._proposal = build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth)
+        self._proposal = build_tree(self.ctx[-1], matched, m, la.decoding_mode, la.decoding_length, max_depth,
+                                    floor, SHADOW_DRAFTS)
         return self._proposal
 
     def root(self) -> DraftTree:
@@ -135,10 +140,14 @@ class Sequence:
         shared = calibration.factor(match_length)
         return min(1.0, shared * self.own_calibration.factor ** 0.5)
 
-    def candidates(self, tree: DraftTree, calibration: CalibrationTable) -> RowDrafts:
-        """What the planner weighs for this row: its drafts' calibrated probabilities, or a fixed budget."""
+    def candidates(self, tree: DraftTree, calibration: CalibrationTable, floor: float = 0.0) -> RowDrafts:
+        """What the planner weighs for this row: its drafts' calibrated probabilities, or a fixed budget.
+        A hier tree's rows come best first: those from the first one under `floor` on cannot be planned."""
         factor = self.draft_factor(calibration, tree.match_length)
-        return RowDrafts([p * factor for p in tree.probs[1:]], fixed=not self.la.adaptive)
+        probs = [p * factor for p in tree.probs[1:]]
+        if floor > 0 and self.la.decoding_mode == "hier":
+            probs = probs[: next((i for i, p in enumerate(probs) if p < floor), len(probs))]
+        return RowDrafts(probs, fixed=not self.la.adaptive)
 
     @property
     def draws_on_device(self) -> bool:

@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-LAYOUTS = ("padded", "packed", "split")  # see planner.layout_of
+LAYOUTS = ("padded", "packed", "split")  # see planner.layouts_of
 
 
 def bracket(grid: tuple[int, ...], x: float) -> list[tuple[int, float]]:
@@ -85,6 +85,21 @@ class StepTable:
         grid = self.ms[layout]
         total = sum(wr * wd * grid[i][j] for i, wr in bracket(self.rows, rows) for j, wd in bracket(self.drafts, drafts))
         return max(total, 1e-6)
+
+    def least_marginal(self, layouts: tuple[str, ...], rows: int, max_drafts: int) -> float:
+        """The least ms one more draft token adds to a step of `rows` rows, anywhere from 0 to `max_drafts`
+        in flight, in any of `layouts`. At a fixed row count the price is linear between grid points (and
+        past the last one), so it is the least slope of the drafts grid's intervals below `max_drafts`."""
+        least = math.inf
+        for layout in layouts:
+            if layout not in self.ms:
+                continue
+            col = [self(layout, rows, d) for d in self.drafts]
+            for j in range(len(self.drafts) - 1):
+                if self.drafts[j] >= max_drafts:
+                    break
+                least = min(least, (col[j + 1] - col[j]) / (self.drafts[j + 1] - self.drafts[j]))
+        return least if math.isfinite(least) else 0.0
 
     def observe(self, layout: str, rows: int, drafts: int, ms: float) -> None:
         """Refine the grid with one measured step."""

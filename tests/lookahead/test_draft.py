@@ -88,3 +88,16 @@ def test_every_draft_path_at_full_size_is_an_ngram_the_trie_saw():
                 path.append(tree.tokens[node])
                 node = tree.parents[node]
             assert tuple(ctx[len(ctx) - m:] + path[::-1]) in seen
+
+
+def test_a_hier_tree_built_to_a_floor_is_the_full_trees_prefix_past_the_rows_kept():
+    t = trie_of([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7], [1, 8, 9, 9], [1, 2, 3, 4])
+    m, matched = match([(t, 1.0)], [1], 4, 1)
+    full = build_tree(1, matched, m, "hier", 10, 3)
+    for floor in (0.0, 0.3, 0.5, 0.7, 1.0):
+        for keep in (0, 2):
+            cut = build_tree(1, matched, m, "hier", 10, 3, min_prob=floor, keep=keep)
+            kept = max(keep, sum(p >= floor for p in full.probs[1:]))
+            assert cut.tokens == full.tokens[: 1 + kept] and cut.probs == full.probs[: 1 + kept]
+    par = build_tree(1, matched, m, "par", 10, 3, min_prob=0.9)
+    assert par.tokens == build_tree(1, matched, m, "par", 10, 3).tokens  # chains are not best first: no floor

@@ -1,9 +1,12 @@
 """The step planner on hand-written tables: what it drafts follows from the table and the probabilities alone."""
 
+import random
 import subprocess
 import sys
 
-from lookahead.planner import RowDrafts, layout_of, plan_step
+import pytest
+
+from lookahead.planner import RowDrafts, break_even, layouts_of, plan_step
 from lookahead.step_table import StepTable
 
 ROWS = (1, 2, 4, 8, 16, 32)
@@ -62,11 +65,25 @@ def test_a_padded_batch_shares_one_width_priced_for_every_row():
     assert plan_step(likely(8, 0.99), StepTable.flat(), 16, ragged=False).width == 2  # 8 rows x 2 = the cap
 
 
-def test_few_drafting_rows_attend_row_by_row():
-    assert layout_of(16, 4, ragged=True) == "split"
-    assert layout_of(16, 5, ragged=True) == "packed"
-    assert layout_of(16, 0, ragged=True) == "packed"
-    assert layout_of(16, 1, ragged=False) == "padded"
+def test_few_drafting_rows_may_attend_row_by_row():
+    assert layouts_of(16, 4, ragged=True) == ("split", "packed")
+    assert layouts_of(16, 5, ragged=True) == ("packed",)
+    assert layouts_of(16, 0, ragged=True) == ("packed",)
+    assert layouts_of(16, 1, ragged=False) == ("padded",)
+
+
+def test_where_both_may_run_the_layout_is_the_one_the_table_prices_lower():
+    """Seen on a learned CPU table: 16 rows, one drafting, split 214 ms against packed 194 ms."""
+    rows = [RowDrafts([0.9, 0.8])] + [RowDrafts([])] * 15
+
+    def table(split_ms: float) -> StepTable:
+        return StepTable.from_function(ROWS, DRAFTS, lambda lay, r, d: 100 + d + (split_ms if lay == "split" else 0))
+
+    assert plan_step(rows, table(+20), 256, ragged=True).layout == "packed"
+    assert plan_step(rows, table(-20), 256, ragged=True).layout == "split"
+    assert plan_step(rows, StepTable.flat(), 256, ragged=True).layout == "split"  # a tie: as the rule had it
+    many = plan_step(likely(16, 0.99), table(-50), 256, ragged=True)
+    assert many.layout == "packed" and min(many.counts) > 0  # every row drafting: split may not run, however cheap
 
 
 def test_the_algorithm_core_imports_without_torch():
@@ -84,3 +101,49 @@ def test_drafts_must_beat_a_plain_step_by_the_tables_own_error():
     assert plan_step(rows, table, 64, ragged=True, margin=0.1).counts == [0]  # not by the table's 10%
     assert plan_step(rows, table, 64, ragged=False, margin=0.1).counts == [0]
     assert plan_step([RowDrafts([0.9])], table, 64, ragged=False, margin=0.1).counts == [1]
+
+
+def random_table(rng: random.Random) -> StepTable:
+    """A cost curve per layout: a plain price per row, then a random non-decreasing price per draft token."""
+    plain = {r: rng.uniform(5, 30) * r ** rng.uniform(0.2, 1.0) for r in ROWS}
+    scale = rng.choice([0.01, 0.1, 0.5, 1.0, 3.0])
+    slopes = {(lay, r, j): scale * rng.uniform(0.5, 2.0) for lay in ("packed", "split")
+              for r in ROWS for j in range(len(DRAFTS))}
+
+    def price(lay, r, d):
+        lay = "packed" if lay == "padded" else lay
+        cost, prev = plain[r], 0
+        for j, g in enumerate(DRAFTS[1:]):
+            cost += slopes[lay, r, j] * (min(d, g) - prev)
+            if d <= g:
+                break
+            prev = g
+        return cost
+
+    return StepTable.from_function(ROWS, DRAFTS, price)
+
+
+def test_no_plan_takes_a_draft_below_break_even_so_pruning_there_changes_nothing():
+    rng = random.Random(0)
+    pruned_some = 0
+    for trial in range(300):
+        table = random_table(rng)
+        n = rng.choice([1, 2, 3, 4, 8, 16, 32])
+        rows = [RowDrafts(sorted((rng.random() ** 2 for _ in range(rng.randrange(0, 20))), reverse=True))
+                for _ in range(n)]  # best first, as hier trees come
+        cap = rng.choice([n + 8, 64, 256])
+        floor = break_even(table, n, cap)
+        cut = [RowDrafts([p for p in r.probs if p >= floor]) for r in rows]
+        pruned = sum(len(r.probs) for r in rows) > sum(len(r.probs) for r in cut)
+        for margin in (0.0, 0.05):
+            full_plan, cut_plan = plan_step(rows, table, cap, True, margin), plan_step(cut, table, cap, True, margin)
+            assert full_plan.counts == cut_plan.counts and full_plan.layout == cut_plan.layout, trial
+        pruned_some += pruned and full_plan.inflight > 0
+    assert pruned_some > 100  # tested where it prunes some drafts and the plan still takes others
+
+
+def test_break_even_is_near_zero_on_a_gpu_and_past_one_where_a_token_costs_a_step():
+    assert break_even(gpu_table(), 1, 2048) == 0.0  # the first 64 tokens of one row are free
+    assert break_even(gpu_table(), 32, 2048) < 0.2
+    dear = StepTable.from_function(ROWS, DRAFTS, lambda _, rows, drafts: 10.0 * (rows + drafts))
+    assert break_even(dear, 16, 256) == pytest.approx(1.0)  # a draft would have to be certain just to break even

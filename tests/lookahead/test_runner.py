@@ -31,17 +31,23 @@ def batch(runner, prompts):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "glm"])
-@pytest.mark.parametrize("trees,prompts,split", [(TREES, PROMPTS, False), (SPLIT_TREES, SPLIT_PROMPTS, True)],
-                         ids=["padded-attention", "split-attention"])
-def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, split):
+@pytest.mark.parametrize("trees,prompts,allowed,split", [(TREES, PROMPTS, False, None),
+                                                         (SPLIT_TREES, SPLIT_PROMPTS, True, None),
+                                                         (SPLIT_TREES, SPLIT_PROMPTS, True, False)],
+                         ids=["padded-attention", "split-attention", "packed-where-split-may-run"])
+def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, allowed, split, monkeypatch):
     runner = ModelRunner(tiny(family))
     runner.check_tree_masks()
     assert runner.ragged
-    assert split_attention(len(trees), sum(len(t.tokens) > 1 for t in trees)) == split
+    assert split_attention(len(trees), sum(len(t.tokens) > 1 for t in trees)) == allowed
     width = max(len(t.tokens) for t in trees)
     padded = runner.verify_batch(batch(runner, prompts), trees, width, ragged=False)
     cache = batch(runner, prompts)
-    ragged = runner.verify_batch(cache, trees, width, ragged=True)
+    calls = []
+    row_by_row = attention._split_sdpa
+    monkeypatch.setattr(attention, "_split_sdpa", lambda *a, **k: calls.append(1) or row_by_row(*a, **k))
+    ragged = runner.verify_batch(cache, trees, width, ragged=True, split=split)
+    assert bool(calls) == (allowed if split is None else split)  # the layout asked for is the one that ran
     assert cache.plan.ragged and cache.plan.tokens == sum(len(t.tokens) for t in trees)
     for b, (tree, prompt) in enumerate(zip(trees, prompts)):
         n = len(tree.tokens)
@@ -50,6 +56,13 @@ def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, split):
         single = runner.new_cache(len(prompt) + 8)
         runner.prefill(single, prompt)
         torch.testing.assert_close(ragged[b], runner.verify(single, tree), atol=1e-4, rtol=1e-4)
+
+
+def test_split_attention_is_refused_where_most_rows_draft():
+    runner = ModelRunner(tiny("llama"))
+    runner.check_tree_masks()
+    with pytest.raises(AssertionError, match="quarter"):
+        runner.verify_batch(batch(runner, PROMPTS), TREES, 4, ragged=True, split=True)
 
 
 def test_ragged_keys_land_where_padded_ones_do():

@@ -1,9 +1,11 @@
 """A request's step bookkeeping: plain steps whose drafts were cut still teach the calibration (shadow replay)."""
 
+import random
+
 from lookahead.config import LookaheadConfig
 from lookahead.calibration import CalibrationTable
 from lookahead.sampling import SamplingParams
-from lookahead.sequence import Sequence, StopCriteria
+from lookahead.sequence import SHADOW_DRAFTS, Sequence, StopCriteria
 from lookahead.trie import TokenTrie
 from lookahead.verify import Acceptance
 
@@ -48,3 +50,21 @@ def test_a_finished_request_resolves_its_pending_shadows():
     last = seq.propose(memory)  # one token left: nothing to draft
     seq.advance(last, Acceptance([], [PATTERN[1]]), cal)
     assert seq.finished and not seq._shadows and cal.by_match
+
+
+def test_a_floor_builds_the_shadows_rows_and_no_draft_the_plan_cannot_take():
+    """Below break-even nothing is built past the shadow's rows, so a plain step teaches what it taught before."""
+    rng = random.Random(1)
+    prompt = [rng.randrange(4) for _ in range(400)]  # a small vocabulary: many continuations, at many odds
+    la = LookaheadConfig(decoding_length=40, branch_length=6)
+    full = Sequence(prompt, StopCriteria(64), SamplingParams(), la).propose(TokenTrie(7))
+    assert full.num_drafts > SHADOW_DRAFTS
+    cal = CalibrationTable()
+    for floor in (0.1, 0.2, 0.3, 1.0):
+        seq = Sequence(prompt, StopCriteria(64), SamplingParams(), la)
+        tree = seq.propose(TokenTrie(7), floor)
+        kept = max(SHADOW_DRAFTS, sum(p >= floor for p in full.probs[1:]))
+        assert tree.tokens == full.tokens[: 1 + kept]
+        probs = seq.candidates(tree, cal, floor).probs
+        assert probs and min(probs) >= floor or not probs
+        assert probs == seq.candidates(tree, cal).probs[: len(probs)]  # a prefix: best first, cut at the floor

@@ -59,3 +59,12 @@ def test_no_draft_is_priced_below_a_plain_step():
         t.observe("packed", 4, 8, 5.0)  # plain at 4 rows is 14
     prices = [t("packed", 4, d) for d in (0, 1, 4, 8, 36, 64)]
     assert prices == sorted(prices) and prices[0] == pytest.approx(14)
+
+
+def test_the_least_marginal_price_is_the_cheapest_slope_below_the_drafts_asked_about():
+    t = StepTable.from_function((1, 16), (0, 8, 64), lambda lay, r, d: 10 * r + (d if d <= 8 else 8 + (d - 8) / 4)
+                                + (5 if lay == "split" and d else 0))
+    assert t.least_marginal(("packed",), 16, 8) == pytest.approx(1.0)  # only the first interval is below 8
+    assert t.least_marginal(("packed",), 16, 100) == pytest.approx(0.25)
+    assert t.least_marginal(("packed", "split"), 16, 8) == pytest.approx(1.0)  # split's first slope is dearer
+    assert t.least_marginal(("absent",), 16, 8) == 0.0  # no such layout: no floor
