@@ -269,7 +269,8 @@ def test_the_memory_is_saved_in_the_checked_format(rel):
 
 def test_scale_down_lets_in_flight_generations_finish(rel):
     """Redeploy with one replica fewer while long generations run: every one completes in full."""
-    bodies = [{"model": MODEL, "prompt": f"long {i}", "max_tokens": 3000, "temperature": 0, "stream": True,
+    # 10,000 steps: 3,000 once all ended before the test saw them placed, on a fast day of this 2-core machine
+    bodies = [{"model": MODEL, "prompt": f"long {i}", "max_tokens": 10000, "temperature": 0, "stream": True,
                "lookahead": LONG}
               for i in range(6)]
     with ThreadPoolExecutor(len(bodies)) as pool:
