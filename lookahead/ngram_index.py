@@ -84,7 +84,7 @@ class NGramIndex:
         self.keys: list[list[int]] = []  # sorted: every complete n-gram, as a list of n tokens
         self.seq: Sequence[int] = ()  # the sequence indexed (its first `length` tokens); the tails are read here
         self.length = 0
-        self._tails: dict[int, list[int]] | None = None
+        self._tails: dict[int, list[int]] | None = None  # first token -> starts of cut-short n-grams (see find)
 
     def extend(self, seq: Sequence[int], old_len: int, new_len: int) -> None:
         """`seq` grew from `old_len` (the length indexed so far) to `new_len` tokens."""
@@ -99,7 +99,7 @@ class NGramIndex:
             for key in fresh:
                 insort(keys, key)
         self.seq, self.length = seq, new_len
-        self._tails: dict[int, list[int]] | None = None  # first token -> starts of cut-short n-grams (see find)
+        self._tails = None  # first token -> starts of cut-short n-grams: rebuilt by the next find
 
     def find(self, key: Sequence[int]) -> RangeNode | None:
         """The node of the path `key`: the n-grams that start with it, or None if none does."""
