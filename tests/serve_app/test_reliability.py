@@ -12,6 +12,7 @@ import http.client
 import json
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -39,7 +40,7 @@ def rel(serve_url, tiny_llama_dir, tmp_path_factory):
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
         "limits": {"max_new_tokens": 60000, "max_engine_queue": 8, "max_prompt_tokens": 512},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "max_queued_requests": 16,
-                       # a replica told to go drains its generations: 3,000 steps each, however slow the machine
+                       # a replica told to go drains its generations: ~45 s each (sized by the test), however slow the machine
                        "graceful_shutdown_timeout_s": 600},
     }
     base = serve_url + deploy(APP, {"models": [model], "ingress": {"max_body_bytes": 65536,
@@ -267,18 +268,41 @@ def test_the_memory_is_saved_in_the_checked_format(rel):
     assert load_memory(rel["memory"], trie, handle().memory_info.remote().result()["tag"]) == written
 
 
+def streamed_rate(base: str, body: dict, count: int) -> float:
+    """Tokens a second one of `count` concurrent streams of `body` gets, the slowest of them, timed from its
+    first token to its last (so start-up and queueing are not in it)."""
+    def rate(_) -> float:
+        r = requests.post(f"{base}/v1/completions", json=body, stream=True, timeout=CLIENT_TIMEOUT)
+        assert r.status_code == 200, r.text[:200]
+        events = [(time.monotonic(), json.loads(ln[6:])) for ln in r.iter_lines() if ln.startswith(b"data: {")]
+        tokens = events[-1][1]["usage"]["completion_tokens"]  # an event may carry several tokens
+        assert len(events) >= 3 and tokens > 1, events[-3:]
+        return tokens / max(events[-1][0] - events[0][0], 1e-3)
+
+    with ThreadPoolExecutor(count) as pool:
+        return min(pool.map(rate, range(count)))
+
+
 def test_scale_down_lets_in_flight_generations_finish(rel):
     """Redeploy with one replica fewer while long generations run: every one completes in full."""
-    # 10,000 steps: 3,000 once all ended before the test saw them placed, on a fast day of this 2-core machine
-    bodies = [{"model": MODEL, "prompt": f"long {i}", "max_tokens": 10000, "temperature": 0, "stream": True,
-               "lookahead": LONG}
-              for i in range(6)]
+    count, lasting_s = 6, 45
+    probe = {"model": MODEL, "prompt": "how fast", "max_tokens": 1000, "temperature": 0, "stream": True,
+             "stream_options": {"include_usage": True}, "lookahead": LONG}
+    per_s = streamed_rate(rel["base"], probe, count)
+    # each generation lasts ~45 s on this machine as it is now, fast or loaded: placing them takes seconds
+    steps = int(min(max(per_s * lasting_s, 1000), rel["model"]["limits"]["max_new_tokens"]))
+    bodies = [{**probe, "prompt": f"long {i}", "max_tokens": steps} for i in range(count)]
     with ThreadPoolExecutor(len(bodies)) as pool:
         futures = [pool.submit(outcome, rel["base"], b) for b in bodies]
         held = placed(futures, replica_loads)  # the replica that goes holds generations when it is told to go
+        assert sum(held.values()) == count, f"{held}: generations of {steps} steps at {per_s:.0f}/s ended early"
         smaller = {**rel["model"], "deployment": {**rel["model"]["deployment"], "num_replicas": 1}}
+        started = time.monotonic()
         deploy(APP, {"models": [smaller], "ingress": {"max_body_bytes": 65536}})
+        redeploy_s = time.monotonic() - started
         results = [f.result(timeout=ANSWER_TIMEOUT + 30) for f in futures]
+    print(f"\nscale-down: {count} generations of {steps} steps at {per_s:.0f} tokens/s each, all in flight when "
+          f"the redeploy began; it returned after {redeploy_s:.0f} s")
     assert results == ["ok"] * len(bodies), (held, results)
     assert wait_for(lambda: running_replicas() == 1, 60)
     assert math.isfinite(handle().queue_length.remote().result())
