@@ -40,7 +40,7 @@ def rel(serve_url, tiny_llama_dir, tmp_path_factory):
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
         "limits": {"max_new_tokens": 60000, "max_engine_queue": 8, "max_prompt_tokens": 512},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "max_queued_requests": 16,
-                       # a replica told to go drains its generations: ~45 s each (sized by the test), however slow the machine
+                       # a replica told to go drains its generations (the test sizes them), however slow the machine
                        "graceful_shutdown_timeout_s": 600},
     }
     base = serve_url + deploy(APP, {"models": [model], "ingress": {"max_body_bytes": 65536,
