@@ -283,17 +283,29 @@ def streamed_rate(base: str, body: dict, count: int) -> float:
         return min(pool.map(rate, range(count)))
 
 
+def one_by_one(pool: ThreadPoolExecutor, base: str, bodies: list[dict]) -> list:
+    """Send each request once the engines hold the one before. Requests that arrive together form one group,
+    and a group goes to one replica: six at once once landed all on one (a second idle pass of 99047f5),
+    leaving the other nothing to drain. One at a time, the router sees each replica's load as it chooses."""
+    futures = []
+    for body in bodies:
+        futures.append(pool.submit(outcome, base, body))
+        assert wait_for(lambda: sum(replica_loads().values()) + sum(f.done() for f in futures) >= len(futures), 60)
+    return futures
+
+
 def test_scale_down_lets_in_flight_generations_finish(rel):
     """Redeploy with one replica fewer while long generations run: every one completes in full."""
     count, lasting_s = 6, 45
     probe = {"model": MODEL, "prompt": "how fast", "max_tokens": 1000, "temperature": 0, "stream": True,
              "stream_options": {"include_usage": True}, "lookahead": LONG}
+    routed_to_every_replica(rel["base"])  # the ingress knows both replicas (the kill test replaced one)
     per_s = streamed_rate(rel["base"], probe, count)
     # each generation lasts ~45 s on this machine as it is now, fast or loaded: placing them takes seconds
     steps = int(min(max(per_s * lasting_s, 1000), rel["model"]["limits"]["max_new_tokens"]))
     bodies = [{**probe, "prompt": f"long {i}", "max_tokens": steps} for i in range(count)]
     with ThreadPoolExecutor(len(bodies)) as pool:
-        futures = [pool.submit(outcome, rel["base"], b) for b in bodies]
+        futures = one_by_one(pool, rel["base"], bodies)
         held = placed(futures, replica_loads)  # the replica that goes holds generations when it is told to go
         assert sum(held.values()) == count, f"{held}: generations of {steps} steps at {per_s:.0f}/s ended early"
         smaller = {**rel["model"], "deployment": {**rel["model"]["deployment"], "num_replicas": 1}}
