@@ -22,6 +22,7 @@ from .calibration import CalibrationTable
 from .scheduler import SchedulerConfig
 from .sampling import SamplingParams
 from .sequence import Generation, StopCriteria
+from .stats import EngineTimes
 
 
 @dataclass
@@ -29,6 +30,7 @@ class LevelRun:
     wall_s: float
     outputs: list[Generation]
     latencies_s: list[float]
+    times: EngineTimes  # where the engine's steps spent the wall time
 
     @property
     def tokens(self) -> int:
@@ -41,8 +43,11 @@ class LevelRun:
     @classmethod
     def merged(cls, runs: list["LevelRun"]) -> "LevelRun":
         """Repeats of one arm as one run: tokens over summed wall time, every request's latency."""
+        times = EngineTimes()
+        for r in runs:
+            times = times.merged(r.times)
         return cls(sum(r.wall_s for r in runs), [g for r in runs for g in r.outputs],
-                   [t for r in runs for t in r.latencies_s])
+                   [t for r in runs for t in r.latencies_s], times)
 
     def as_json(self) -> dict:
         lat = sorted(self.latencies_s)
@@ -55,6 +60,8 @@ class LevelRun:
             "mean_accepted": self.tokens / steps if steps else 0.0,
             "prompt_tokens": sum(g.stats.prompt_tokens for g in self.outputs),
             "cached_prompt_tokens": sum(g.stats.cached_prompt_tokens for g in self.outputs),  # from the prefix cache
+            "row_steps": steps,  # each request's decode steps, summed
+            "times": self.times.as_dict(),
         }
 
 
@@ -78,7 +85,7 @@ def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: 
                 outputs[i] = h.result()
                 latencies[i] = time.perf_counter() - started
                 del in_flight[i]
-    return LevelRun(time.perf_counter() - t0, outputs, latencies)
+    return LevelRun(time.perf_counter() - t0, outputs, latencies, engine.times)
 
 
 def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],
@@ -142,3 +149,6 @@ def print_level(level: dict) -> None:
         f"{ {True: 'identical', False: 'DIFFERENT', None: 'sampled'}[level['identical']] }",
         flush=True,
     )
+    a, b = on["times"], off["times"]
+    phases = ", ".join(f"{p} {a[p + '_s']:.1f}/{b[p + '_s']:.1f}" for p in ("prefill", "plan", "forward", "accept", "commit"))
+    print(f"    seconds on/off: {phases}; batch {a['mean_rows']:.1f}/{b['mean_rows']:.1f} rows", flush=True)

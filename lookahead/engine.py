@@ -39,6 +39,7 @@ from .prefix_cache import PrefixCache
 from .runner import is_fatal_device_error
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import Generation, Sequence
+from .stats import EngineTimes
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class Engine:
         self.forward_tokens = 0  # tokens the decode forwards computed, summed
         # decode steps by kind: verified drafts / went plain by the planner's choice / held plain by the payoff check
         self.decode_steps = {"drafting": 0, "plain": 0, "held": 0}
+        self.times = EngineTimes()  # where the steps' time went, by phase and by rows in the batch
         self.table = decoder.step_table(config.max_batch_size, config.max_tokens_per_step, self.ragged)
 
     # ---- API -------------------------------------------------------------
@@ -308,6 +310,7 @@ class Engine:
     def _prefill_step(self) -> None:
         s = self.scheduler
         chunk = s.next_prefill_chunk()
+        t0 = time.perf_counter()
         if chunk is not None:
             p, start, end = chunk
             if start == 0:
@@ -328,6 +331,7 @@ class Engine:
             s.admit()
             self.cache.admit(self._prefill_cache, self.headroom)
             self._prefill_cache = None
+        self.times.prefill_s += time.perf_counter() - t0
 
     # ---- decode ----------------------------------------------------------
     def _decode_step(self) -> None:
@@ -373,6 +377,7 @@ class Engine:
             self._handles[id(seq)]._push(_TOKENS, emitted)
             if seq.finished:
                 done.append(row)
+        t3 = time.perf_counter()
         # commit
         self.cache.commit(keeps)
         self.forward_tokens += n + plan.inflight
@@ -387,3 +392,4 @@ class Engine:
             seq = running[row]
             self._release(row)
             self._finish(seq, seq.finish_reason)
+        self.times.add_decode(n, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)

@@ -1,6 +1,6 @@
-"""Per-request lookahead statistics."""
+"""Per-request lookahead statistics, and where an engine's time went."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -32,3 +32,44 @@ class RequestStats:
         d["mean_accepted"] = round(self.mean_accepted, 4)
         d["mean_drafts"] = round(self.mean_drafts, 4)
         return d
+
+
+@dataclass
+class EngineTimes:
+    """Where an engine's steps spent their time, summed (seconds), and how full its decode batches were."""
+    prefill_s: float = 0.0  # prompt chunks, prefix-cache copies included
+    plan_s: float = 0.0  # proposing every row's tree and planning the step
+    forward_s: float = 0.0  # the decode forward, to its one read back
+    accept_s: float = 0.0  # acceptance walks, n-gram index and calibration updates, streaming the tokens
+    commit_s: float = 0.0  # keeping the accepted KV, timing the step, releasing finished rows
+    steps_by_rows: dict[int, int] = field(default_factory=dict)  # decode steps, by rows in the batch
+    seconds_by_rows: dict[int, float] = field(default_factory=dict)  # their time, plan to commit
+
+    def add_decode(self, rows: int, plan_s: float, forward_s: float, accept_s: float, commit_s: float) -> None:
+        self.plan_s += plan_s
+        self.forward_s += forward_s
+        self.accept_s += accept_s
+        self.commit_s += commit_s
+        self.steps_by_rows[rows] = self.steps_by_rows.get(rows, 0) + 1
+        self.seconds_by_rows[rows] = self.seconds_by_rows.get(rows, 0.0) + plan_s + forward_s + accept_s + commit_s
+
+    def merged(self, other: "EngineTimes") -> "EngineTimes":
+        out = EngineTimes(*(getattr(self, f) + getattr(other, f) for f in
+                            ("prefill_s", "plan_s", "forward_s", "accept_s", "commit_s")))
+        for mine, theirs, total in ((self.steps_by_rows, other.steps_by_rows, out.steps_by_rows),
+                                    (self.seconds_by_rows, other.seconds_by_rows, out.seconds_by_rows)):
+            for rows in mine.keys() | theirs.keys():
+                total[rows] = mine.get(rows, 0) + theirs.get(rows, 0)
+        return out
+
+    @property
+    def mean_rows(self) -> float:
+        """Rows per decode step, weighted by each step's time: how full the batch was while it ran."""
+        seconds = sum(self.seconds_by_rows.values())
+        return sum(r * s for r, s in self.seconds_by_rows.items()) / seconds if seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prefill_s": self.prefill_s, "plan_s": self.plan_s, "forward_s": self.forward_s,
+                "accept_s": self.accept_s, "commit_s": self.commit_s, "mean_rows": self.mean_rows,
+                "by_rows": {r: {"steps": self.steps_by_rows[r], "s": self.seconds_by_rows[r]}
+                            for r in sorted(self.steps_by_rows)}}

@@ -54,3 +54,17 @@ def test_a_warmup_serves_both_arms_before_any_level_and_is_not_counted(monkeypat
     assert served[:2] == [(2, 2), (2, 2)]  # two prompts, two at a time, once per arm
     assert served[2:] == [(3, 1), (3, 1), (3, 3), (3, 3)]  # then each level: one round of both arms
     assert all(l["repeats"] == 1 and len(l["runs"]) == 2 for l in out)
+
+
+def test_each_arm_reports_where_its_time_went():
+    for level in levels():
+        for arm in ("on", "off"):
+            t = level[arm]["times"]
+            wall = 12 * len(PROMPTS) / level[f"{arm}_tok_s"]  # one round of every prompt, 12 tokens each
+            phases = sum(t[p + "_s"] for p in ("prefill", "plan", "forward", "accept", "commit"))
+            assert 0 < phases <= wall and t["prefill_s"] > 0 and t["forward_s"] > 0
+            assert set(t["by_rows"]) <= set(range(1, level["concurrency"] + 1))
+            # every decode step advanced each of its rows once: row-steps are the requests' own steps
+            row_steps = sum(r * v["steps"] for r, v in t["by_rows"].items())
+            assert row_steps == level[arm]["row_steps"]
+            assert 1 <= t["mean_rows"] <= level["concurrency"]
