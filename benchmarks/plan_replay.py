@@ -3,7 +3,8 @@
 Under greedy decoding a tree verification accepts exactly the longest draft
 path that matches the model's own continuation, so with that continuation
 recorded (`benchmarks/greedy_smollm2.json`: SmolLM2-135M-Instruct, chat
-template, 128 new tokens, 10-12 prompts per set) every step can be replayed
+template, 128 new tokens, the first 20 prompts of each set, recorded by
+`python -m benchmarks.record_greedy`) every step can be replayed
 without the model: the real `Sequence` proposes from its n-gram index and
 the shared output memory, the real calibration and planner decide the
 drafts, the acceptance walk runs against the recorded tokens, and each step
