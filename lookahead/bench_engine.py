@@ -150,5 +150,6 @@ def print_level(level: dict) -> None:
         flush=True,
     )
     a, b = on["times"], off["times"]
-    phases = ", ".join(f"{p} {a[p + '_s']:.1f}/{b[p + '_s']:.1f}" for p in ("prefill", "plan", "forward", "accept", "commit"))
+    phases = ", ".join(f"{p} {a[p + '_s']:.1f}/{b[p + '_s']:.1f}"
+                       for p in ("prefill", "plan", "forward", "accept", "commit"))
     print(f"    seconds on/off: {phases}; batch {a['mean_rows']:.1f}/{b['mean_rows']:.1f} rows", flush=True)

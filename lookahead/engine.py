@@ -223,10 +223,16 @@ class Engine:
 
     # ---- the loop --------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.step():
-                self._wake.wait(0.05)
-                self._wake.clear()
+        try:
+            while not self._stop.is_set():
+                if not self.step():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except BaseException as e:  # a bug outside a step's forward: stop for good and say so, never leave
+            log.critical("the engine thread failed; the engine stops (the health check fails from now)",
+                         exc_info=True)  # the requests it held waiting for a thread that is gone
+            self.fatal = e
+            self._fail(e, queued_too=True)
 
     def step(self) -> bool:
         """One engine step; False when there was nothing to do."""

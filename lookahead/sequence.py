@@ -52,7 +52,7 @@ class Generation:
     stats: RequestStats
 
 
-@dataclass
+@dataclass(eq=False)  # a request is compared by identity: two with the same prompt and settings are two requests
 class Sequence:
     prompt: list[int]
     stop: StopCriteria

@@ -89,6 +89,39 @@ def test_cancel_frees_the_row_and_others_continue():
     assert drain(engine, [b])[0].tokens == hf_greedy(model, PROMPTS[1], 30)
 
 
+def test_cancelling_one_of_two_identical_queued_requests_leaves_the_other_served():
+    """Two requests with the same prompt and settings are two requests. Sequences once compared by value, so
+    the queue's `remove` of the cancelled one took its twin: the twin was lost and the next step's lookup of
+    the cancelled one's handle killed the engine thread (a reliability run's replica failed its health check)."""
+    model, engine = make_engine(max_batch_size=1)
+    running = engine.add_request(PROMPTS[1], stop=StopCriteria(20))
+    engine.step()
+    first, second = (engine.add_request(PROMPTS[0], stop=StopCriteria(12)) for _ in range(2))
+    engine.step()
+    assert [id(q) for q in engine.scheduler.waiting] == [id(first.seq), id(second.seq)]  # both queued
+    second.cancel()
+    engine.step()
+    assert second.result(timeout=0).finish_reason == "cancelled"
+    assert [id(q) for q in engine.scheduler.waiting] == [id(first.seq)]  # the cancelled one left, not its twin
+    out = drain(engine, [running, first])[1]
+    assert out.finish_reason == "length" and out.tokens == hf_greedy(model, PROMPTS[0], 12)
+    assert engine.scheduler.idle()
+
+
+def test_a_bug_in_the_engine_thread_fails_its_requests_and_stops_it(monkeypatch):
+    _, engine = make_engine()
+    handles = [engine.add_request(p, stop=StopCriteria(8)) for p in PROMPTS[:2]]
+    monkeypatch.setattr(engine, "_drop_cancelled", lambda: 1 / 0)
+    engine.start()
+    for h in handles:
+        with pytest.raises(ZeroDivisionError):
+            h.result(timeout=30)  # an error, not a wait for a thread that is gone
+    assert not engine.alive and isinstance(engine.fatal, ZeroDivisionError)
+    with pytest.raises(EngineStopped):
+        engine.add_request(PROMPTS[0], stop=StopCriteria(8))
+    engine.shutdown()
+
+
 def test_chunked_prefill_does_not_stall_running_requests():
     model, engine = make_engine(prefill_chunk=8)
     a = engine.add_request(PROMPTS[0], stop=StopCriteria(40))

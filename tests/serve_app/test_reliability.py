@@ -67,9 +67,16 @@ def test_a_corrupt_memory_file_is_refused_and_the_replica_starts_empty(rel):
     assert outcome(rel["base"], {"model": MODEL, "prompt": "hello there", "max_tokens": 8, "temperature": 0}) == "ok"
 
 
-def replica_states(calls: int = 8) -> dict:
-    """Each replica's ReplicaLoad, by replica actor name; concurrent calls reach every replica."""
-    return {load.actor: load for load in [r.result() for r in [handle().replica_load.remote() for _ in range(calls)]]}
+def replica_states(calls: int = 8, rounds: int = 5) -> dict:
+    """Each replica's ReplicaLoad, by replica actor name. The router may send a round of concurrent calls all
+    to one replica, so rounds go on until every running replica has answered (at most `rounds`)."""
+    states, running = {}, running_replicas()
+    for _ in range(rounds):
+        states.update({load.actor: load for load in
+                       [r.result() for r in [handle().replica_load.remote() for _ in range(calls)]]})
+        if len(states) >= running:
+            break
+    return states
 
 
 def replica_loads() -> dict[str, int]:
@@ -283,15 +290,18 @@ def streamed_rate(base: str, body: dict, count: int) -> float:
         return min(pool.map(rate, range(count)))
 
 
-def one_by_one(pool: ThreadPoolExecutor, base: str, bodies: list[dict]) -> list:
-    """Send each request once the engines hold the one before. Requests that arrive together form one group,
-    and a group goes to one replica: six at once once landed all on one (a second idle pass of 99047f5),
-    leaving the other nothing to drain. One at a time, the router sees each replica's load as it chooses."""
-    futures = []
-    for body in bodies:
-        futures.append(pool.submit(outcome, base, body))
+def spread(pool: ThreadPoolExecutor, base: str, body: dict, count: int, replicas: int = 2) -> list:
+    """Send copies of `body` one at a time, each once the engines hold the one before, until `count` are sent
+    and every replica holds some (at most 2 x `count`). Requests that arrive together form one group, and a
+    group goes to one replica: six sent at once once all landed on one, leaving the other nothing to drain."""
+    futures, seen = [], []
+    while len(futures) < 2 * count:
+        futures.append(pool.submit(outcome, base, {**body, "prompt": f"{body['prompt']} {len(futures)}"}))
         assert wait_for(lambda: sum(replica_loads().values()) + sum(f.done() for f in futures) >= len(futures), 60)
-    return futures
+        seen.append(replica_loads())
+        if len(futures) >= count and len(seen[-1]) == replicas and min(seen[-1].values()) > 0:
+            return futures
+    raise AssertionError(f"{len(futures)} requests sent one at a time did not reach all {replicas} replicas: {seen}")
 
 
 def test_scale_down_lets_in_flight_generations_finish(rel):
@@ -303,18 +313,17 @@ def test_scale_down_lets_in_flight_generations_finish(rel):
     per_s = streamed_rate(rel["base"], probe, count)
     # each generation lasts ~45 s on this machine as it is now, fast or loaded: placing them takes seconds
     steps = int(min(max(per_s * lasting_s, 1000), rel["model"]["limits"]["max_new_tokens"]))
-    bodies = [{**probe, "prompt": f"long {i}", "max_tokens": steps} for i in range(count)]
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        futures = one_by_one(pool, rel["base"], bodies)
+    with ThreadPoolExecutor(2 * count) as pool:
+        futures = spread(pool, rel["base"], {**probe, "prompt": "long", "max_tokens": steps}, count)
         held = placed(futures, replica_loads)  # the replica that goes holds generations when it is told to go
-        assert sum(held.values()) == count, f"{held}: generations of {steps} steps at {per_s:.0f}/s ended early"
+        assert sum(held.values()) == len(futures), f"{held}: generations of {steps} steps at {per_s:.0f}/s ended early"
         smaller = {**rel["model"], "deployment": {**rel["model"]["deployment"], "num_replicas": 1}}
         started = time.monotonic()
         deploy(APP, {"models": [smaller], "ingress": {"max_body_bytes": 65536}})
         redeploy_s = time.monotonic() - started
         results = [f.result(timeout=ANSWER_TIMEOUT + 30) for f in futures]
-    print(f"\nscale-down: {count} generations of {steps} steps at {per_s:.0f} tokens/s each, all in flight when "
+    print(f"\nscale-down: {len(futures)} generations of {steps} steps at {per_s:.0f} tokens/s each, all in flight when "
           f"the redeploy began; it returned after {redeploy_s:.0f} s")
-    assert results == ["ok"] * len(bodies), (held, results)
+    assert results == ["ok"] * len(futures), (held, results)
     assert wait_for(lambda: running_replicas() == 1, 60)
     assert math.isfinite(handle().queue_length.remote().result())
