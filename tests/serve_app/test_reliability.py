@@ -294,12 +294,18 @@ def spread(pool: ThreadPoolExecutor, base: str, body: dict, count: int, replicas
     """Send copies of `body` one at a time, each once the engines hold the one before, until `count` are sent
     and every replica holds some (at most 2 x `count`). Requests that arrive together form one group, and a
     group goes to one replica: six sent at once once all landed on one, leaving the other nothing to drain."""
-    futures, seen = [], []
+    futures, seen, last = [], [], {}
+
+    def all_held() -> bool:  # every request sent is in an engine or answered (`last`: what each replica held)
+        last.clear()
+        last.update(replica_loads())
+        return sum(last.values()) + sum(f.done() for f in futures) >= len(futures)
+
     while len(futures) < 2 * count:
         futures.append(pool.submit(outcome, base, {**body, "prompt": f"{body['prompt']} {len(futures)}"}))
-        assert wait_for(lambda: sum(replica_loads().values()) + sum(f.done() for f in futures) >= len(futures), 60)
-        seen.append(replica_loads())
-        if len(futures) >= count and len(seen[-1]) == replicas and min(seen[-1].values()) > 0:
+        assert wait_for(all_held, 60), f"request {len(futures)} was not taken up: {last}"
+        seen.append(dict(last))
+        if len(futures) >= count and len(last) == replicas and min(last.values()) > 0:
             return futures
     raise AssertionError(f"{len(futures)} requests sent one at a time did not reach all {replicas} replicas: {seen}")
 
