@@ -102,14 +102,24 @@ class HeldStreams:
     on the replica, whether it was generating or still queued."""
 
     def __init__(self, base: str, path: str, body: dict, count: int) -> None:
-        url = urlsplit(base)
-        self.path, self.payload = url.path + path, json.dumps(body).encode()
-        self.conns = [http.client.HTTPConnection(url.hostname, url.port, timeout=300) for _ in range(count)]
+        self.url, self.count = urlsplit(base), count
+        self.path, self.payload = self.url.path + path, json.dumps(body).encode()
+        self.conns: list[http.client.HTTPConnection] = []
         self.released = threading.Event()
-        self.chunks = [0] * count  # stream chunks each request has received so far
-        self.statuses: list[int | None] = [None] * count
+        self.chunks: list[int] = []  # stream chunks each request has received so far
+        self.statuses: list[int | None] = []  # each request's HTTP status once its headers came
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._hold, args=(i,), daemon=True) for i in range(count)]
+        self.threads: list[threading.Thread] = []
+
+    def add(self) -> None:
+        """Open one more held stream (`count` open on entering; more one at a time, so each can be placed
+        before the next is sent)."""
+        i = len(self.conns)
+        self.conns.append(http.client.HTTPConnection(self.url.hostname, self.url.port, timeout=300))
+        self.chunks.append(0)
+        self.statuses.append(None)
+        self.threads.append(threading.Thread(target=self._hold, args=(i,), daemon=True))
+        self.threads[i].start()
 
     def _hold(self, i: int) -> None:
         try:
@@ -125,8 +135,8 @@ class HeldStreams:
                 self.errors.append(f"stream {i}: {e!r}")
 
     def __enter__(self) -> "HeldStreams":
-        for t in self.threads:
-            t.start()
+        for _ in range(self.count):
+            self.add()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -134,10 +134,8 @@ def test_a_stream_queued_behind_full_engines_hears_keepalives_until_it_runs(rel)
     rows = rel["model"]["batching"]["max_batch_size"]
     hold = {"model": MODEL, "prompt": "hold the line", "max_tokens": 60000, "temperature": 0, "stream": True,
             "lookahead": LONG}
-    with HeldStreams(rel["base"], "/v1/completions", hold, 3 * rows):
-        # 12 held, at most 8 per replica: every replica's engine runs a full batch, so a new request queues
-        assert wait_for(lambda: len(loads := replica_loads()) == 2 and min(loads.values()) >= rows, 60), \
-            replica_loads()
+    with HeldStreams(rel["base"], "/v1/completions", hold, 0) as held:
+        fill(held, rows)  # every replica's engine runs a full batch, so a new request queues
         body = {"model": MODEL, "prompt": "waiting my turn", "max_tokens": 8, "temperature": 0, "stream": True,
                 "lookahead": LONG}
         for _ in range(20):  # a replica already holding 8 refuses it (503); another call may reach the other
@@ -156,18 +154,41 @@ def test_a_stream_queued_behind_full_engines_hears_keepalives_until_it_runs(rel)
     print(f"\nqueued stream: {probe.kinds[:first_data].count('keepalive')} keepalives before its first token")
 
 
+def fill(held: HeldStreams, rows: int, replicas: int = 2) -> dict[str, int]:
+    """Open held streams one at a time, each once an engine holds the one before (or it was refused), until
+    every replica's engine holds at least `rows` (at most 4 x `rows` per replica); returns what each held.
+    Streams opened together form one group, and a group goes to one replica: twelve opened at once once
+    filled one replica, and the other held none."""
+    last: dict[str, int] = {}
+
+    def taken_up() -> bool:
+        last.clear()
+        last.update(replica_loads())
+        refused = sum(status not in (None, 200) for status in held.statuses)
+        return sum(last.values()) + refused >= len(held.conns)
+
+    while len(held.conns) < 4 * rows * replicas:
+        held.add()
+        assert wait_for(taken_up, 60), f"held stream {len(held.conns)} was not taken up: {last}"
+        if len(last) == replicas and min(last.values()) >= rows:
+            return dict(last)
+    raise AssertionError(f"{len(held.conns)} streams opened one at a time did not fill {replicas} replicas: {last}")
+
+
 def test_killing_a_replica_mid_load_loses_no_request(rel):
     import ray
 
-    bodies = [{"model": MODEL, "prompt": f"story {i}: once upon a time", "max_tokens": 3000, "temperature": 0,
-               "stream": i % 2 == 0, "lookahead": LONG} for i in range(16)]
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        futures = [pool.submit(outcome, rel["base"], b) for b in bodies]
+    def body(i: int) -> dict:
+        return {"model": MODEL, "prompt": f"story {i}: once upon a time", "max_tokens": 3000, "temperature": 0,
+                "stream": i % 2 == 0, "lookahead": LONG}
+
+    with ThreadPoolExecutor(32) as pool:
+        futures = spread(pool, rel["base"], body, 16)  # sent together, they may all land on one replica
         held = placed(futures, replica_loads)  # so what the survivor holds when the other dies is known
         victim, survivor = sorted(held, key=held.get, reverse=True)
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         results = [f.result(timeout=ANSWER_TIMEOUT + 30) for f in futures]  # raises on a hang or a truncation
-    assert len(results) == 16
+    assert len(results) == len(futures) >= 16
     print(f"\nreplica killed under load holding {held[victim]} requests (survivor {held[survivor]}): "
           f"{results.count('ok')} ok, {len(results) - results.count('ok')} errors: {results}")
     assert all(r == "ok" or r.startswith("error") for r in results)
@@ -290,10 +311,12 @@ def streamed_rate(base: str, body: dict, count: int) -> float:
         return min(pool.map(rate, range(count)))
 
 
-def spread(pool: ThreadPoolExecutor, base: str, body: dict, count: int, replicas: int = 2) -> list:
-    """Send copies of `body` one at a time, each once the engines hold the one before, until `count` are sent
-    and every replica holds some (at most 2 x `count`). Requests that arrive together form one group, and a
-    group goes to one replica: six sent at once once all landed on one, leaving the other nothing to drain."""
+def spread(pool: ThreadPoolExecutor, base: str, body, count: int, replicas: int = 2) -> list:
+    """Send requests one at a time, each once the engines hold the one before, until `count` are sent and every
+    replica holds some (at most 2 x `count`). `body`: a dict, sent with its prompt numbered, or the i-th body
+    for i. Requests that arrive together form one group, and a group goes to one replica: six sent at once
+    once all landed on one, leaving the other nothing to drain."""
+    nth = body if callable(body) else lambda i: {**body, "prompt": f"{body['prompt']} {i}"}
     futures, seen, last = [], [], {}
 
     def all_held() -> bool:  # every request sent is in an engine or answered (`last`: what each replica held)
@@ -302,7 +325,7 @@ def spread(pool: ThreadPoolExecutor, base: str, body: dict, count: int, replicas
         return sum(last.values()) + sum(f.done() for f in futures) >= len(futures)
 
     while len(futures) < 2 * count:
-        futures.append(pool.submit(outcome, base, {**body, "prompt": f"{body['prompt']} {len(futures)}"}))
+        futures.append(pool.submit(outcome, base, nth(len(futures))))
         assert wait_for(all_held, 60), f"request {len(futures)} was not taken up: {last}"
         seen.append(dict(last))
         if len(futures) >= count and len(last) == replicas and min(last.values()) > 0:
