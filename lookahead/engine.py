@@ -352,6 +352,8 @@ class Engine:
         planned = allow and self.ragged and all(seq.la.adaptive for seq in running)
         floor = break_even(self.table, n, cap) if planned else 0.0
         trees = [seq.propose(d.memory, floor) if allow or not seq.la.adaptive else seq.root() for seq in running]
+        proposed = allow and any(seq.drafting for seq in running)
+        t_proposed = time.perf_counter()
         plan = plan_step([seq.candidates(t, d.calibration, floor) for seq, t in zip(running, trees)], self.table,
                          cap, self.ragged, self.table.error)
         trees = [t.truncated(c) for t, c in zip(trees, plan.counts)]
@@ -388,10 +390,15 @@ class Engine:
         self.cache.commit(keeps)
         self.forward_tokens += n + plan.inflight
         # A request's first proposal indexes its n-grams: a one-off, kept out of what a step costs.
-        step_s = time.perf_counter() - t0 - (sum(seq.index_build_s for seq in running) - builds)
-        self.table.observe(plan.layout, n, plan.inflight, step_s * 1e3)
-        self.payoff.record(n, plan.inflight > 0, delivered, step_s)
-        if plan.inflight:
+        built = sum(seq.index_build_s for seq in running) - builds
+        step_s = time.perf_counter() - t0 - built
+        # The table prices what a plan decides: the step from the plan on. Proposing is spent by then, so it is
+        # left out (a plain step's price is then a held step's). The payoff check weighs the whole step: where
+        # proposing costs more than the drafts it finds give back, it holds the rows plain.
+        proposing_s = t_proposed - t0 - built
+        self.table.observe(plan.layout, n, plan.inflight, (step_s - proposing_s) * 1e3)
+        self.payoff.record(n, proposed, delivered, step_s)
+        if proposed:
             self.payoff.expect_plain(n, self.table(plan.layout, n, 0) / 1e3)
         self.decode_steps["drafting" if plan.inflight else "plain" if allow else "held"] += 1
         for row in sorted(done, reverse=True):

@@ -2,19 +2,26 @@
 
 The planner drafts where the step table and the calibrated probabilities
 expect a gain. Either can be wrong for a while (a table seeded at another
-context length, a trie whose estimates drifted). So the engine also
-measures, per class of running-batch size, the tokens per second the whole
-decode step delivered, separately for steps that verified drafts and steps
-that did not. Where drafting steps come out slower than plain ones (below
-`margin` of their tokens/s: 1.0, since drafting that merely ties plain buys
-nothing, and the earlier 3% tolerance let 3% losses stand), drafting is
-switched off in that class, so rows do not even build trees, and probed again every
-`probe_every` steps, so that a change in load or text brings it back.
+context length, a trie whose estimates drifted), and the planner cannot
+weigh what is spent before it runs: every row matching its context and
+building a tree. So the engine also measures, per class of running-batch
+size, the tokens per second that whole decode steps delivered, proposing
+included, separately for steps whose rows proposed drafts (whatever the
+planner then kept) and steps held plain. Where proposing steps come out
+slower than plain ones (below `margin` of their tokens/s: 1.0, since
+drafting that merely ties plain buys nothing), the class is held plain, so
+rows do not even build trees, and probed again every `probe_every` steps,
+so that a change in load or text brings drafting back.
 
-A class where the planner always drafts has no plain steps to compare
-with; there the plain rate is the step table's: the rows over the plain
-step's measured price (`expect_plain`), which the table keeps from its
-start-up forwards and every plain step since.
+That covers the common case on a compute-bound batch: the planner buys no
+draft, yet every row still matched its context and built a tree for
+nothing. Judged by verified drafts alone, such steps counted as plain ones,
+and what they spent was never seen.
+
+A class that always proposes has no held steps to compare with; there the
+plain rate is the step table's: the rows over the plain step's measured
+price (`expect_plain`). The table leaves proposing out of what it prices,
+so that is what a held step costs.
 
 Pure Python; no torch.
 """
@@ -53,7 +60,7 @@ class Payoff:
     margin: float = 1.0  # drafting is turned off when it delivers below this share of plain's tokens/s
     decay: float = 0.95  # per step of that kind: the check follows roughly the last 20 of each
     enabled: bool = True
-    _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (drafting, plain steps)
+    _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (proposing, held steps)
     _table: dict[int, Rate] = field(default_factory=dict)  # size class -> plain steps as the step table prices them
     _skipped: dict[int, int] = field(default_factory=dict)  # size class -> steps kept plain since the last probe
 
@@ -85,11 +92,11 @@ class Payoff:
             return True
         return False
 
-    def record(self, rows: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """One decode step: did it verify drafts, how many tokens it delivered, its whole time."""
+    def record(self, rows: int, proposed: bool, tokens: int, seconds: float) -> None:
+        """One decode step: did its rows propose drafts, how many tokens it delivered, its whole time."""
         drafting, plain = self.rates(rows)
-        (drafting if drafted else plain).add(tokens, seconds, self.decay)
+        (drafting if proposed else plain).add(tokens, seconds, self.decay)
 
     def expect_plain(self, rows: int, plain_seconds: float) -> None:
-        """Beside a drafting step: what a plain step of these rows would have taken, by the step table."""
+        """Beside a proposing step: what a held step of these rows would have taken, by the step table."""
         self._table.setdefault(size_class(rows), Rate()).add(rows, plain_seconds, self.decay)

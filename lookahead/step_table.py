@@ -1,7 +1,9 @@
 """What one decode step costs: measured whole-step milliseconds by rows, draft tokens in flight and layout.
 
-A step's time is everything from planning it to reading its tokens back:
-proposing, planning, the forward, the acceptance walk, committing. On a GPU
+A step's time is everything from planning it to committing its tokens:
+planning, the forward, the acceptance walk, committing. The rows' proposals
+are built before the plan, whatever it decides, so the table leaves them out
+(the payoff check weighs them; payoff.py). On a GPU
 the forward is asynchronous, but the step ends by reading its argmax back,
 which waits for the device, so the wall clock around the whole step is its
 host plus device time; it is never the time to launch a kernel.

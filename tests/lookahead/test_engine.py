@@ -1,6 +1,7 @@
 """The batching engine: joins, leaves, cancels, chunked prefill, bounded KV, and lossless batched output."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -11,6 +12,7 @@ from lookahead.engine import Engine, EngineStopped
 from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
+from lookahead.sequence import Sequence
 
 from .test_lossless_architectures import hf_greedy
 from .tiny_models import tiny
@@ -322,6 +324,33 @@ def test_where_the_table_says_every_draft_costs_a_step_the_batch_decodes_plainly
     handles = [engine.add_request(p, stop=StopCriteria(40)) for p in PROMPTS[:2]]
     assert [r.tokens for r in drain(engine, handles)] == refs
     assert engine.decode_steps["drafting"] == 0 and engine.decode_steps["plain"] > 0
+
+
+def test_where_proposing_costs_more_than_its_drafts_give_the_rows_are_held_plain(monkeypatch):
+    """The planner buys no draft (every one costs a whole step), yet each row still matches and builds a tree.
+    That work comes before the plan, so the table leaves it out; the payoff check weighs whole steps, proposing
+    included, against plain ones, and holds the rows plain. Proposing is made dear here (0.2 s a row), so its
+    steps are slower than any plain one on any machine."""
+    model, engine = make_engine(adaptive=True)
+    engine.payoff.probe_every = 10**6  # no probes in this test
+    refs = [hf_greedy(model, p, 40) for p in PROMPTS[:2]]
+    for r in refs:
+        engine.decoder.memory.add_sequence(r)  # every row finds likely drafts...
+    engine.table = StepTable.from_function((1, 4), (0, 64), lambda _, rows, drafts: 10.0 * (rows + drafts))
+    engine.table.rate = 0.0  # ...that no step can afford, so the planner keeps every step plain
+    real = Sequence.propose
+
+    def dear(self, *a, **k):
+        time.sleep(0.2)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Sequence, "propose", dear)
+    handles = [engine.add_request(p, stop=StopCriteria(40)) for p in PROMPTS[:2]]
+    assert [r.tokens for r in drain(engine, handles)] == refs
+    proposing, held = engine.payoff.rates(2)
+    assert engine.decode_steps["drafting"] == 0
+    assert proposing.steps == engine.payoff.min_steps  # proposed until measured, then held
+    assert held.steps > 0 and engine.decode_steps["held"] == held.steps
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled-unseeded"])
