@@ -235,6 +235,9 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=Path, default=prompt_path("humaneval"),
                    help="JSONL with a \"prompt\" (and an \"id\") per line; default: the shipped humaneval set")
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--skip", type=int, default=0,
+                   help="leave out the file's first N prompts: with --limit, a held-out slice (the recorded runs "
+                        "and the planner's targets use the first 16 of each set)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--decoding-length", type=int, default=64)
     p.add_argument("--branch-length", type=int, default=12)
@@ -267,7 +270,7 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     try:  # checked before the model loads: a bad file stops the run in a second, naming the file and line
-        args.rows = read_prompts(args.prompts, args.limit)
+        args.rows = read_prompts(args.prompts, args.limit, args.skip)
     except PromptFileError as e:
         p.error(str(e))
     return args

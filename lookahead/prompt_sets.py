@@ -26,8 +26,9 @@ def prompt_path(name: str) -> Path:
     return PROMPTS_DIR / f"{name}.jsonl"
 
 
-def read_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Every row of a prompt file (the first `limit`, if given), each checked to have a string `prompt`."""
+def read_prompts(path: str | Path, limit: int | None = None, skip: int = 0) -> list[dict]:
+    """Every row of a prompt file (the first `limit` after the first `skip`, if given), each checked to have a
+    string `prompt`."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -53,8 +54,10 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
         if not isinstance(row.get("prompt"), str) or not row["prompt"]:
             raise PromptFileError(f"prompt file {path}, line {number}: no \"prompt\" field with a non-empty string")
         rows.append(row)
-        if limit and len(rows) >= limit:
+        if limit and len(rows) >= skip + limit:
             break
     if not rows:
         raise PromptFileError(f"prompt file {path}: no prompts (the file is empty)")
-    return rows
+    if len(rows) <= skip:
+        raise PromptFileError(f"prompt file {path}: {len(rows)} prompts, all skipped (skip {skip})")
+    return rows[skip:]

@@ -30,6 +30,16 @@ def test_limit_reads_only_the_first_rows():
     assert [r["id"] for r in read_prompts(prompt_path("mtbench"), 3)] == ["mtbench/81", "mtbench/82", "mtbench/83"]
 
 
+def test_skip_reads_a_held_out_slice(tmp_path):
+    """`lookahead.bench --skip 16 --limit 16`: the 16 prompts after the first 16 (which the planner was tuned on)."""
+    assert [r["id"] for r in read_prompts(prompt_path("mtbench"), 2, skip=16)] == ["mtbench/97", "mtbench/98"]
+    small = tmp_path / "two.jsonl"
+    small.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert read_prompts(small, skip=1) == [{"prompt": "b"}]
+    with pytest.raises(PromptFileError, match="all skipped"):
+        read_prompts(small, 4, skip=2)
+
+
 BAD = [
     ("empty", b"", "no prompts"),
     ("blank lines only", b"\n  \n", "no prompts"),
