@@ -26,6 +26,7 @@ from ray import serve
 from lookahead.config import LookaheadConfig
 from lookahead.engine import Engine, RequestHandle
 from lookahead.generate import LookaheadDecoder
+from lookahead import heap
 from lookahead.models import encode_chat, load_model
 from lookahead.runner import ModelRunner
 from lookahead.sampling import SamplingParams
@@ -96,7 +97,9 @@ class LookaheadModel:
         if la.memory_path:
             self._load_memory(la.memory_path)
             threading.Thread(target=self._save_periodically, name="memory-saver", daemon=True).start()
-        log.info("model %s ready (%s, pid %d)", cfg.name, lm.path, os.getpid())
+        frozen, collect_s = heap.settle()  # the model and the loaded memory leave the collector's full passes
+        log.info("model %s ready (%s, pid %d); %d objects settled out of the collector's passes (%.0f ms)",
+                 cfg.name, lm.path, os.getpid(), frozen, collect_s * 1e3)
 
     # ---- Ray Serve hooks ---------------------------------------------------
     def record_autoscaling_stats(self) -> dict[str, float]:
