@@ -147,6 +147,7 @@ def run(args) -> dict:
     summary.update(
         model=args.model,
         prompts_file=str(args.prompts),
+        skip=args.skip,
         max_new_tokens=args.max_new_tokens,
         decoding_length=args.decoding_length,
         branch_length=args.branch_length,
@@ -192,6 +193,7 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
         "levels": level_rows,
         "model": args.model,
         "prompts_file": str(args.prompts),
+        "skip": args.skip,
         "max_new_tokens": args.max_new_tokens,
         "max_batch_size": sched.max_batch_size,
         "max_tokens_per_step": sched.max_tokens_per_step,

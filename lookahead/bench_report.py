@@ -15,6 +15,15 @@ def _reused(arm: dict) -> str:
     return f"{100 * arm['cached_prompt_tokens'] / arm['prompt_tokens']:.0f}%"
 
 
+def _set(s: dict) -> str:
+    """The prompt set's name, and where a held-out slice (`--skip`) starts."""
+    name = Path(s["prompts_file"]).stem
+    return f"{name} (held out: from prompt {s['skip'] + 1})" if s.get("skip") else name
+
+
+IDENTICAL = {True: "yes", False: "NO", None: "sampled"}
+
+
 def levels_table(paths: list[Path]) -> str:
     lines = [
         "| prompt set | concurrency | lookahead on tok/s | off tok/s | on/off | per-request tok/s on / off "
@@ -28,10 +37,10 @@ def levels_table(paths: list[Path]) -> str:
         for l in s["levels"]:
             on, off = l["on"], l["off"]
             lines.append(
-                f"| {Path(s['prompts_file']).stem} | {l['concurrency']} | {l['on_tok_s']:.1f} | {l['off_tok_s']:.1f} "
+                f"| {_set(s)} | {l['concurrency']} | {l['on_tok_s']:.1f} | {l['off_tok_s']:.1f} "
                 f"| {l['ratio']:.2f}x | {on['per_request_tok_s']:.1f} / {off['per_request_tok_s']:.1f} "
                 f"| {on['p50_latency_s']:.1f}s / {off['p50_latency_s']:.1f}s | {on['p95_latency_s']:.1f}s / {off['p95_latency_s']:.1f}s "
-                f"| {on['mean_accepted']:.2f} | {_reused(on)} / {_reused(off)} | {'yes' if l['identical'] else 'NO'} |"
+                f"| {on['mean_accepted']:.2f} | {_reused(on)} / {_reused(off)} | {IDENTICAL[l['identical']]} |"
             )
     return "\n".join(lines) + f"\n\nMachine: {machine}.\n"
 
@@ -49,9 +58,9 @@ def table(paths: list[Path]) -> str:
         s = json.loads(p.read_text())["summary"]
         machine = s["machine"]
         lines.append(
-            f"| {Path(s['prompts_file']).stem} | {s['prompts']} | {s['baseline_tok_s']:.1f} | {s['own_plain_tok_s']:.1f} "
+            f"| {_set(s)} | {s['prompts']} | {s['baseline_tok_s']:.1f} | {s['own_plain_tok_s']:.1f} "
             f"| {s['lookahead_tok_s']:.1f} | {s['speedup']:.2f}x | {s['decode_speedup']:.2f}x "
-            f"| {s['own_plain_decode_speedup']:.2f}x | {s['mean_accepted']:.2f} | {'yes' if s['identical'] else 'NO'} |"
+            f"| {s['own_plain_decode_speedup']:.2f}x | {s['mean_accepted']:.2f} | {IDENTICAL[s['identical']]} |"
         )
     return "\n".join(lines) + f"\n\nMachine: {machine}.\n"
 
