@@ -31,6 +31,7 @@ class LevelRun:
     outputs: list[Generation]
     latencies_s: list[float]
     times: EngineTimes  # where the engine's steps spent the wall time
+    decode_steps: dict[str, int]  # decode steps by kind: verified drafts / plain by the planner / held plain by payoff
 
     @property
     def tokens(self) -> int:
@@ -46,8 +47,9 @@ class LevelRun:
         times = EngineTimes()
         for r in runs:
             times = times.merged(r.times)
+        kinds = {k: sum(r.decode_steps.get(k, 0) for r in runs) for k in runs[0].decode_steps}
         return cls(sum(r.wall_s for r in runs), [g for r in runs for g in r.outputs],
-                   [t for r in runs for t in r.latencies_s], times)
+                   [t for r in runs for t in r.latencies_s], times, kinds)
 
     def as_json(self) -> dict:
         lat = sorted(self.latencies_s)
@@ -62,6 +64,7 @@ class LevelRun:
             "cached_prompt_tokens": sum(g.stats.cached_prompt_tokens for g in self.outputs),  # from the prefix cache
             "row_steps": steps,  # each request's decode steps, summed
             "times": self.times.as_dict(),
+            "decode_steps": self.decode_steps,
         }
 
 
@@ -85,7 +88,7 @@ def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: 
                 outputs[i] = h.result()
                 latencies[i] = time.perf_counter() - started
                 del in_flight[i]
-    return LevelRun(time.perf_counter() - t0, outputs, latencies, engine.times)
+    return LevelRun(time.perf_counter() - t0, outputs, latencies, engine.times, dict(engine.decode_steps))
 
 
 def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],
@@ -152,4 +155,6 @@ def print_level(level: dict) -> None:
     a, b = on["times"], off["times"]
     phases = ", ".join(f"{p} {a[p + '_s']:.1f}/{b[p + '_s']:.1f}"
                        for p in ("prefill", "plan", "forward", "accept", "commit"))
-    print(f"    seconds on/off: {phases}; batch {a['mean_rows']:.1f}/{b['mean_rows']:.1f} rows", flush=True)
+    kinds = "/".join(str(v) for v in on["decode_steps"].values())
+    print(f"    seconds on/off: {phases}; batch {a['mean_rows']:.1f}/{b['mean_rows']:.1f} rows; "
+          f"on-arm steps {'/'.join(on['decode_steps'])} {kinds}", flush=True)

@@ -68,3 +68,6 @@ def test_each_arm_reports_where_its_time_went():
             row_steps = sum(r * v["steps"] for r, v in t["by_rows"].items())
             assert row_steps == level[arm]["row_steps"]
             assert 1 <= t["mean_rows"] <= level["concurrency"]
+            # ...and each decode step is of one kind: drafting, plain by the planner, or held by the payoff check
+            assert sum(level[arm]["decode_steps"].values()) == sum(v["steps"] for v in t["by_rows"].values())
+        assert level["off"]["decode_steps"]["drafting"] == 0
