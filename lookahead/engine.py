@@ -136,7 +136,7 @@ class Engine:
         self.prefixes = PrefixCache(config.prefix_cache_mb * 2**20)
         self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
         self.fatal: BaseException | None = None  # a device error that stopped the engine for good
-        self.payoff = Payoff()  # measured: do drafting steps deliver more tokens/s than plain ones, per batch size
+        self.payoff = Payoff()  # measured: do proposing steps deliver more tokens/s than held ones, per batch size
         self.steps = 0
         self.forward_tokens = 0  # tokens the decode forwards computed, summed
         # decode steps by kind: verified drafts / went plain by the planner's choice / held plain by the payoff check
@@ -398,8 +398,6 @@ class Engine:
         proposing_s = t_proposed - t0 - built
         self.table.observe(plan.layout, n, plan.inflight, (step_s - proposing_s) * 1e3)
         self.payoff.record(n, proposed, delivered, step_s)
-        if proposed:
-            self.payoff.expect_plain(n, self.table(plan.layout, n, 0) / 1e3)
         self.decode_steps["drafting" if plan.inflight else "plain" if allow else "held"] += 1
         for row in sorted(done, reverse=True):
             seq = running[row]

@@ -349,8 +349,8 @@ def test_where_proposing_costs_more_than_its_drafts_give_the_rows_are_held_plain
     assert [r.tokens for r in drain(engine, handles)] == refs
     proposing, held = engine.payoff.rates(2)
     assert engine.decode_steps["drafting"] == 0
-    assert proposing.steps == engine.payoff.min_steps  # proposed until measured, then held
-    assert held.steps > 0 and engine.decode_steps["held"] == held.steps
+    assert proposing.steps == engine.payoff.min_steps  # proposed only while being measured
+    assert held.steps > engine.payoff.min_steps  # measured in turns with the proposing steps, then held
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled-unseeded"])
@@ -359,6 +359,7 @@ def test_a_decode_step_reads_back_from_the_device_once(monkeypatch, sampled):
     for unseeded sampled requests (two settings here, beside a greedy one) draws made on the device; on a
     GPU each read back waits for the device. Counted: every way a tensor's values reach Python."""
     model, engine = make_engine(max_batch_size=4)
+    engine.payoff.enabled = False  # every step proposes: the counted one must verify drafts
     for p in PROMPTS[:3]:
         engine.decoder.memory.add_sequence(hf_greedy(model, p, 30))  # rows draft, and accept
     settings = [SamplingParams(), SamplingParams(do_sample=True), SamplingParams(do_sample=True, temperature=0.7,
