@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from . import heap
 from .config import LookaheadConfig
 from .bench_engine import print_level, run_levels
 from .generate import LookaheadDecoder
@@ -122,6 +123,7 @@ def run(args) -> dict:
     hf_generate(lm.model, warm, 8, lm.eos_token_ids)
     decoder.generate(warm, stop=StopCriteria(8, frozenset(lm.eos_token_ids)))
     decoder.memory.clear()
+    heap.settle()  # as a replica does once it has loaded: full collections no longer walk the model
     if args.concurrency:
         return run_concurrency(args, lm, decoder, prompts, stop)
 
