@@ -273,6 +273,8 @@ def parse_args(argv=None):
         sampling_of(args)
     except ValueError as e:
         p.error(str(e))
+    if args.skip < 0:
+        p.error(f"--skip {args.skip}: must be >= 0")
     try:  # checked before the model loads: a bad file stops the run in a second, naming the file and line
         args.rows = read_prompts(args.prompts, args.limit, args.skip)
     except PromptFileError as e:

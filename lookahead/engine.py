@@ -390,13 +390,12 @@ class Engine:
         self.cache.commit(keeps)
         self.forward_tokens += n + plan.inflight
         # A request's first proposal indexes its n-grams: a one-off, kept out of what a step costs.
-        built = sum(seq.index_build_s for seq in running) - builds
-        step_s = time.perf_counter() - t0 - built
+        end = time.perf_counter()
+        step_s = end - t0 - (sum(seq.index_build_s for seq in running) - builds)
         # The table prices what a plan decides: the step from the plan on. Proposing is spent by then, so it is
         # left out (a plain step's price is then a held step's). The payoff check weighs the whole step: where
         # proposing costs more than the drafts it finds give back, it holds the rows plain.
-        proposing_s = t_proposed - t0 - built
-        self.table.observe(plan.layout, n, plan.inflight, (step_s - proposing_s) * 1e3)
+        self.table.observe(plan.layout, n, plan.inflight, (end - t_proposed) * 1e3)
         self.payoff.record(n, proposed, delivered, step_s)
         self.decode_steps["drafting" if plan.inflight else "plain" if allow else "held"] += 1
         for row in sorted(done, reverse=True):

@@ -14,9 +14,9 @@ Both rates are measured, never inferred: until each kind has `min_steps`
 steps in a class, the kinds take turns there; from then on the losing kind
 still runs one step in `probe_every`, so a change in load or text that
 makes it the winner is seen, and the winner's rate is never compared with
-a stale figure. (Judged against the step table's plain price instead, a
-class that always drafted kept the price of its plain step from start-up,
-and drafts that cost more than they gave looked free.) Drafting that merely
+a stale figure (judged against the step table's plain price instead, a
+class that always drafted could keep a plain price no step had refreshed
+since start-up). Drafting that merely
 ties plain buys nothing, so it must deliver at least `margin` (1.0) of the
 plain rate.
 

@@ -40,6 +40,14 @@ def test_skip_reads_a_held_out_slice(tmp_path):
         read_prompts(small, 4, skip=2)
 
 
+def test_the_bench_refuses_a_negative_skip(capsys):
+    from lookahead import bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--skip", "-1"])
+    assert e.value.code != 0 and "--skip -1: must be >= 0" in capsys.readouterr().err
+
+
 BAD = [
     ("empty", b"", "no prompts"),
     ("blank lines only", b"\n  \n", "no prompts"),
