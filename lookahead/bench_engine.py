@@ -124,6 +124,7 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
             "off_tok_s": off.tok_s,
             "ratio": on.tok_s / off.tok_s,
             "identical": identical,
+            "full_batch": full_batch(on, off, n),
             "repeats": r,
             "runs": order,  # every run in the order it ran, to see the spread behind the pooled ratio
             "on": on.as_json(),
@@ -131,6 +132,26 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
         }
         report(level)
         out.append(level)
+    return out
+
+
+def full_batch(on: LevelRun, off: LevelRun, rows: int) -> dict:
+    """Both arms' decode rate over the steps that ran with all `rows` rows: the level's steady state.
+
+    A level's whole-run ratio also holds its ramp-up (one request prefilled a step) and its drain (the
+    last requests, once nothing is left to start, run with fewer rows). When every request asks for the
+    same number of tokens, plain decoding keeps the rows in step and drains in a few steps; lookahead
+    accepts different numbers of tokens per row, so its rows finish apart and its last requests run in
+    steps of one to a few rows. `share`: the part of each arm's wall time those full steps took.
+    """
+    out = {}
+    for name, run in (("on", on), ("off", off)):
+        steps = run.times.steps_by_rows.get(rows, 0)
+        seconds = run.times.seconds_by_rows.get(rows, 0.0)
+        out[f"{name}_tok_s"] = run.times.tokens_by_rows.get(rows, 0) / seconds if seconds else None
+        out[f"{name}_steps"] = steps
+        out[f"{name}_share"] = seconds / run.wall_s
+    out["ratio"] = out["on_tok_s"] / out["off_tok_s"] if out["on_tok_s"] and out["off_tok_s"] else None
     return out
 
 
@@ -158,3 +179,8 @@ def print_level(level: dict) -> None:
     kinds = "/".join(str(v) for v in on["decode_steps"].values())
     print(f"    seconds on/off: {phases}; batch {a['mean_rows']:.1f}/{b['mean_rows']:.1f} rows; "
           f"on-arm steps {'/'.join(on['decode_steps'])} {kinds}", flush=True)
+    full = level["full_batch"]
+    if full["ratio"] is not None:
+        print(f"    steps with all {level['concurrency']} rows: on {full['on_tok_s']:.1f} off {full['off_tok_s']:.1f} "
+              f"decode tok/s, x{full['ratio']:.2f}; {100 * full['on_share']:.0f}% / {100 * full['off_share']:.0f}% "
+              f"of the wall time", flush=True)

@@ -21,14 +21,23 @@ def _set(s: dict) -> str:
     return f"{name} (held out: from prompt {s['skip'] + 1})" if s.get("skip") else name
 
 
+def _full(level: dict) -> str:
+    """The arms' ratio over the decode steps that ran with every row (older JSON: not recorded)."""
+    f = level.get("full_batch")
+    if not f or f["ratio"] is None:
+        return "-"
+    return f"{f['ratio']:.2f}x ({100 * f['on_share']:.0f}% / {100 * f['off_share']:.0f}%)"
+
+
 IDENTICAL = {True: "yes", False: "NO", None: "sampled"}
 
 
 def levels_table(paths: list[Path]) -> str:
     lines = [
         "| prompt set | concurrency | lookahead on tok/s | off tok/s | on/off | per-request tok/s on / off "
-        "| p50 latency on / off | p95 latency on / off | tokens/step | prompt KV reused on / off | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 latency on / off | p95 latency on / off | tokens/step | prompt KV reused on / off | identical "
+        "| on/off in steps with all rows (share of wall on / off) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     machine = ""
     for p in paths:
@@ -40,7 +49,8 @@ def levels_table(paths: list[Path]) -> str:
                 f"| {_set(s)} | {l['concurrency']} | {l['on_tok_s']:.1f} | {l['off_tok_s']:.1f} "
                 f"| {l['ratio']:.2f}x | {on['per_request_tok_s']:.1f} / {off['per_request_tok_s']:.1f} "
                 f"| {on['p50_latency_s']:.1f}s / {off['p50_latency_s']:.1f}s | {on['p95_latency_s']:.1f}s / {off['p95_latency_s']:.1f}s "
-                f"| {on['mean_accepted']:.2f} | {_reused(on)} / {_reused(off)} | {IDENTICAL[l['identical']]} |"
+                f"| {on['mean_accepted']:.2f} | {_reused(on)} / {_reused(off)} | {IDENTICAL[l['identical']]} "
+                f"| {_full(l)} |"
             )
     return "\n".join(lines) + f"\n\nMachine: {machine}.\n"
 

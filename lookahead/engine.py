@@ -402,4 +402,4 @@ class Engine:
             seq = running[row]
             self._release(row)
             self._finish(seq, seq.finish_reason)
-        self.times.add_decode(n, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        self.times.add_decode(n, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3, delivered)

@@ -44,20 +44,24 @@ class EngineTimes:
     commit_s: float = 0.0  # keeping the accepted KV, timing the step, releasing finished rows
     steps_by_rows: dict[int, int] = field(default_factory=dict)  # decode steps, by rows in the batch
     seconds_by_rows: dict[int, float] = field(default_factory=dict)  # their time, plan to commit
+    tokens_by_rows: dict[int, int] = field(default_factory=dict)  # tokens they delivered
 
-    def add_decode(self, rows: int, plan_s: float, forward_s: float, accept_s: float, commit_s: float) -> None:
+    def add_decode(self, rows: int, plan_s: float, forward_s: float, accept_s: float, commit_s: float,
+                   tokens: int = 0) -> None:
         self.plan_s += plan_s
         self.forward_s += forward_s
         self.accept_s += accept_s
         self.commit_s += commit_s
         self.steps_by_rows[rows] = self.steps_by_rows.get(rows, 0) + 1
         self.seconds_by_rows[rows] = self.seconds_by_rows.get(rows, 0.0) + plan_s + forward_s + accept_s + commit_s
+        self.tokens_by_rows[rows] = self.tokens_by_rows.get(rows, 0) + tokens
 
     def merged(self, other: "EngineTimes") -> "EngineTimes":
         out = EngineTimes(*(getattr(self, f) + getattr(other, f) for f in
                             ("prefill_s", "plan_s", "forward_s", "accept_s", "commit_s")))
         for mine, theirs, total in ((self.steps_by_rows, other.steps_by_rows, out.steps_by_rows),
-                                    (self.seconds_by_rows, other.seconds_by_rows, out.seconds_by_rows)):
+                                    (self.seconds_by_rows, other.seconds_by_rows, out.seconds_by_rows),
+                                    (self.tokens_by_rows, other.tokens_by_rows, out.tokens_by_rows)):
             for rows in mine.keys() | theirs.keys():
                 total[rows] = mine.get(rows, 0) + theirs.get(rows, 0)
         return out
@@ -71,5 +75,5 @@ class EngineTimes:
     def as_dict(self) -> dict:
         return {"prefill_s": self.prefill_s, "plan_s": self.plan_s, "forward_s": self.forward_s,
                 "accept_s": self.accept_s, "commit_s": self.commit_s, "mean_rows": self.mean_rows,
-                "by_rows": {r: {"steps": self.steps_by_rows[r], "s": self.seconds_by_rows[r]}
-                            for r in sorted(self.steps_by_rows)}}
+                "by_rows": {r: {"steps": self.steps_by_rows[r], "s": self.seconds_by_rows[r],
+                                "tokens": self.tokens_by_rows.get(r, 0)} for r in sorted(self.steps_by_rows)}}

@@ -71,3 +71,17 @@ def test_each_arm_reports_where_its_time_went():
             # ...and each decode step is of one kind: drafting, plain by the planner, or held by the payoff check
             assert sum(level[arm]["decode_steps"].values()) == sum(v["steps"] for v in t["by_rows"].values())
         assert level["off"]["decode_steps"]["drafting"] == 0
+
+
+def test_the_full_batch_split_counts_only_steps_that_ran_with_every_row():
+    for level in levels(repeats=2):
+        n, full = level["concurrency"], level["full_batch"]
+        for arm in ("on", "off"):
+            by_rows = level[arm]["times"]["by_rows"]
+            # every token a request got came from some decode step: the split is of those tokens
+            assert sum(v["tokens"] for v in by_rows.values()) == level["repeats"] * 12 * len(PROMPTS)
+            assert full[f"{arm}_steps"] == by_rows[n]["steps"]
+            assert full[f"{arm}_tok_s"] == by_rows[n]["tokens"] / by_rows[n]["s"]
+            wall = level["repeats"] * 12 * len(PROMPTS) / level[f"{arm}_tok_s"]
+            assert abs(full[f"{arm}_share"] - by_rows[n]["s"] / wall) < 1e-9
+        assert full["ratio"] == full["on_tok_s"] / full["off_tok_s"]

@@ -22,6 +22,15 @@ def test_held_out_and_sampled_runs_are_labelled(tmp_path):
         (tmp_path / name).write_text(json.dumps({"summary": {**summary, "machine": "test"}}))
         paths.append(tmp_path / name)
     held, sampled, bad = table(paths).splitlines()[2:5]
-    assert held.startswith("| mtbench (held out: from prompt 17) | 4 |") and held.endswith("| yes |")
-    assert sampled.startswith("| mtbench | 4 |") and sampled.endswith("| sampled |")
-    assert bad.startswith("| humaneval | 4 |") and bad.endswith("| NO |")
+    assert held.startswith("| mtbench (held out: from prompt 17) | 4 |") and held.endswith("| yes | - |")
+    assert sampled.startswith("| mtbench | 4 |") and sampled.endswith("| sampled | - |")
+    assert bad.startswith("| humaneval | 4 |") and bad.endswith("| NO | - |")
+
+
+def test_the_full_batch_ratio_and_its_share_of_the_wall_time_are_shown(tmp_path):
+    full = {"on_tok_s": 110.0, "off_tok_s": 100.0, "ratio": 1.1, "on_share": 0.62, "off_share": 0.9,
+            "on_steps": 150, "off_steps": 249}
+    path = tmp_path / "c4.json"
+    path.write_text(json.dumps({"summary": {"prompts_file": "mtbench.jsonl", "machine": "test",
+                                            "levels": [{**level(True), "full_batch": full}]}}))
+    assert table([path]).splitlines()[2].endswith("| yes | 1.10x (62% / 90%) |")
