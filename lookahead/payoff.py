@@ -20,6 +20,17 @@ since start-up). Drafting that merely
 ties plain buys nothing, so it must deliver at least `margin` (1.0) of the
 plain rate.
 
+A lone row is never held (`min_rows`, 2). Held steps propose nothing, so
+the calibration learns nothing from them, and the probes then draft too
+little to win back: a verdict drawn from a process's first steps (new
+shapes, an empty trie, the opening of an answer) held whole requests plain
+that drafted at 1.7 tokens a step without the check. Measured single
+stream, 5-6 prompts each, the check on / off: narrativeqa's first prompt
+21 / 39 tok/s on its proposing steps, mtbench's fifth held 66 of 74 steps
+while its proposing steps ran at 210 tok/s. From 2 rows up it earns its
+place (16 mtbench requests at 16 in flight: 0.97x of plain with it, 0.89x
+without); docs/planner.md has the runs.
+
 Pure Python; no torch.
 """
 
@@ -56,6 +67,7 @@ class Payoff:
     probe_every: int = 32  # once judged, the losing kind still runs one step in this many
     margin: float = 1.0  # drafting runs only while it delivers at least this share of plain's tokens/s
     decay: float = 0.95  # per step of that kind: each rate follows roughly its last 20 steps
+    min_rows: int = 2  # a batch of fewer rows always may draft: the planner alone decides (see above)
     enabled: bool = True
     _rates: dict[int, tuple[Rate, Rate]] = field(default_factory=dict)  # size class -> (proposing, held steps)
     _since: dict[int, int] = field(default_factory=dict)  # size class -> steps since the losing kind last ran
@@ -77,7 +89,7 @@ class Payoff:
     def allow(self, rows: int) -> bool:
         """May rows build and verify drafts this step? While a class is being measured, the kind with fewer
         steps runs (proposing first); then the winner, and the loser one step in `probe_every`."""
-        if not self.enabled:
+        if not self.enabled or rows < self.min_rows:
             return True
         verdict = self.pays(rows)
         if verdict is None:
