@@ -16,20 +16,15 @@ still runs one step in `probe_every`, so a change in load or text that
 makes it the winner is seen, and the winner's rate is never compared with
 a stale figure (judged against the step table's plain price instead, a
 class that always drafted could keep a plain price no step had refreshed
-since start-up). Drafting that merely
-ties plain buys nothing, so it must deliver at least `margin` (1.0) of the
-plain rate.
+since start-up). Drafting that merely ties plain buys nothing, so it must
+deliver at least `margin` (1.0) of the plain rate.
 
 A lone row is never held (`min_rows`, 2). Held steps propose nothing, so
 the calibration learns nothing from them, and the probes then draft too
 little to win back: a verdict drawn from a process's first steps (new
 shapes, an empty trie, the opening of an answer) held whole requests plain
-that drafted at 1.7 tokens a step without the check. Measured single
-stream, 5-6 prompts each, the check on / off: narrativeqa's first prompt
-21 / 39 tok/s on its proposing steps, mtbench's fifth held 66 of 74 steps
-while its proposing steps ran at 210 tok/s. From 2 rows up it earns its
-place (16 mtbench requests at 16 in flight: 0.97x of plain with it, 0.89x
-without); docs/planner.md has the runs.
+that paid to draft. From 2 rows up the check earns its place. The runs
+behind both: docs/planner.md ("Stop 30").
 
 Pure Python; no torch.
 """

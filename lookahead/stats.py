@@ -47,7 +47,7 @@ class EngineTimes:
     tokens_by_rows: dict[int, int] = field(default_factory=dict)  # tokens they delivered
 
     def add_decode(self, rows: int, plan_s: float, forward_s: float, accept_s: float, commit_s: float,
-                   tokens: int = 0) -> None:
+                   tokens: int) -> None:
         self.plan_s += plan_s
         self.forward_s += forward_s
         self.accept_s += accept_s
