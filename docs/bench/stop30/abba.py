@@ -1,23 +1,13 @@
 """ABBA on/off runs of one level in one process; prints each run's tok/s."""
-import sys, time
-from pathlib import Path
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from lookahead.models import load_model, encode
-from lookahead.runner import ModelRunner
+import sys
+
+from common import SCHED, load
 from lookahead.config import LookaheadConfig
-from lookahead.generate import LookaheadDecoder
-from lookahead.sequence import StopCriteria
-from lookahead.scheduler import SchedulerConfig
-from lookahead.prompt_sets import read_prompts
 from lookahead import bench_engine, heap
+
 setname, conc, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-lm = load_model("smollm2-135m-instruct")
-runner = ModelRunner(lm.model); runner.check_tree_masks()
-dec = LookaheadDecoder(runner, LookaheadConfig(), lm.tokenizer, eos_token_ids=lm.eos_token_ids)
-stop = StopCriteria(64, frozenset(lm.eos_token_ids))
-prompts = [encode(lm.tokenizer, r["prompt"], True) for r in read_prompts(ROOT / f"benchmarks/prompts/{setname}.jsonl", 16, 0)]
-sched = SchedulerConfig(max_batch_size=16, max_tokens_per_step=256)
+dec, prompts, stop = load(setname, 16, 64)
+sched = SCHED
 arms = {"on": dec.config, "off": LookaheadConfig(enabled=False)}
 for cfg in arms.values():
     bench_engine.run_level(dec, prompts[:2], 2, stop, cfg, sched)

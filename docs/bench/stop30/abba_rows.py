@@ -1,45 +1,19 @@
 """Three arms per round, order rotating: lookahead with the payoff check from 2 rows up (today), the check at every
 size (min_rows 1, as before stop 30), and off."""
 import sys
-from pathlib import Path
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from lookahead.models import load_model, encode
-from lookahead.runner import ModelRunner
-from lookahead.config import LookaheadConfig
-from lookahead.generate import LookaheadDecoder
-from lookahead.sequence import StopCriteria
-from lookahead.scheduler import SchedulerConfig
-from lookahead.prompt_sets import read_prompts
+
+from common import load, three_arms
 from lookahead.payoff import Payoff
-from lookahead import bench_engine, heap
+
 setname, conc, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-lm = load_model("smollm2-135m-instruct")
-runner = ModelRunner(lm.model); runner.check_tree_masks()
-dec = LookaheadDecoder(runner, LookaheadConfig(), lm.tokenizer, eos_token_ids=lm.eos_token_ids)
-stop = StopCriteria(64, frozenset(lm.eos_token_ids))
-prompts = [encode(lm.tokenizer, r["prompt"], True) for r in read_prompts(ROOT / f"benchmarks/prompts/{setname}.jsonl", 16, 0)]
-sched = SchedulerConfig(max_batch_size=16, max_tokens_per_step=256)
+dec, prompts, stop = load(setname, 16, 64)
 state = {"pay": True}
 orig_allow = Payoff.allow
 def allow(self, rows):
     self.min_rows = 2 if state["pay"] else 1
     return orig_allow(self, rows)
 Payoff.allow = allow
-arms = {"pay": (dec.config, True), "nopay": (dec.config, False), "off": (LookaheadConfig(enabled=False), True)}
-for cfg, pay in arms.values():
-    state["pay"] = pay; bench_engine.run_level(dec, prompts[:2], 2, stop, cfg, sched)
-heap.settle()
-tot = {k: [0, 0.0] for k in arms}
-names = list(arms)
-for r in range(rounds):
-    order = names[r % 3:] + names[:r % 3]
-    if r % 2: order = order[::-1]
-    for name in order:
-        cfg, pay = arms[name]; state["pay"] = pay
-        run = bench_engine.run_level(dec, prompts, conc, stop, cfg, sched)
-        tot[name][0] += run.tokens; tot[name][1] += run.wall_s
-rate = {k: t / s for k, (t, s) in tot.items()}
+rate = three_arms(dec, prompts, stop, conc, rounds, state)
 print(f"{setname} c{conc} {rounds} rounds: min_rows 2 / off {rate['pay'] / rate['off']:.3f}  "
       f"min_rows 1 / off {rate['nopay'] / rate['off']:.3f}  "
       f"(tok/s {rate['pay']:.1f} / {rate['nopay']:.1f} / {rate['off']:.1f})", flush=True)

@@ -1,25 +1,16 @@
 """Single stream over the first prompts of a set: each step's kind and time, from the payoff's records."""
 import sys
-from pathlib import Path
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from lookahead.models import load_model, encode
-from lookahead.runner import ModelRunner
-from lookahead.config import LookaheadConfig
-from lookahead.generate import LookaheadDecoder
+
+from common import load
 from lookahead.sequence import StopCriteria
-from lookahead.prompt_sets import read_prompts
 from lookahead.payoff import Payoff
 from lookahead import heap
+
 setname, limit = sys.argv[1], int(sys.argv[2])
 if len(sys.argv) > 3: Payoff.allow = lambda self, rows: True
-lm = load_model("smollm2-135m-instruct")
-runner = ModelRunner(lm.model); runner.check_tree_masks()
-dec = LookaheadDecoder(runner, LookaheadConfig(), lm.tokenizer, eos_token_ids=lm.eos_token_ids)
-stop = StopCriteria(128, frozenset(lm.eos_token_ids))
-prompts = [encode(lm.tokenizer, r["prompt"], True) for r in read_prompts(ROOT / f"benchmarks/prompts/{setname}.jsonl", limit, 0)]
+dec, prompts, stop = load(setname, limit, 128)
 warm = prompts[0][:64]
-dec.generate(warm, stop=StopCriteria(8, frozenset(lm.eos_token_ids))); dec.memory.clear(); heap.settle()
+dec.generate(warm, stop=StopCriteria(8, stop.eos_token_ids)); dec.memory.clear(); heap.settle()
 log = []
 orig = Payoff.record
 def rec(self, rows, proposed, tokens, seconds):
