@@ -24,6 +24,19 @@ back. Padding costs attention only, never the matmuls. When few rows carry
 drafts (`planner.split_attention`), even that is avoided: all rows' roots attend in
 one call and each drafting row's drafts in a call of its own, over its own
 keys, so a plain row never pays for another row's tree.
+
+Exact attention (half-precision models; `AttentionSwitch.exact`). Stock
+kernels reduce over the keys in blocks whose bounds depend on how many
+queries and keys a call has, so in bf16 a token's output differs by a
+rounding step between a one-token plain forward and a tree verification,
+and near-ties flip (the token-equality promise breaks). `exact_sdpa`
+computes every query's scores, softmax and weighted sum in float64 from the
+bf16 inputs: a product of two bf16 numbers is exact there, and whatever
+order the sums run in, their error is ~2^-50 relative, far below the bf16
+step (2^-8) the result is rounded to. So each query's output is a function
+of its own keys and mask alone, whatever else shares the call. Every runner
+forward (prefill, plain steps, trees, ragged or split batches) takes it, so
+plain decoding and lookahead are one computation.
 """
 
 from dataclasses import dataclass, field
@@ -70,14 +83,15 @@ class AttentionSwitch:
 
     on: bool = False
     ragged: RaggedQueries | None = None
+    exact: bool = False  # every runner forward attends through `exact_sdpa` (set once, for half-precision models)
 
 
-def _ragged_sdpa(module, query, key, value, attention_mask, scaling, layout: RaggedQueries):
+def _ragged_sdpa(module, query, key, value, attention_mask, scaling, layout: RaggedQueries, attend=None):
     """query [1, heads, tokens, dim] packed; key/value [rows, kv_heads, kv_len, dim]; mask [rows, 1, width, kv_len]."""
     _, heads, _, d = query.shape
     padded = query.new_zeros((layout.rows, layout.width, heads, d))
     padded[layout.row_of, layout.slot_of] = query[0].transpose(0, 1)  # [tokens, heads, dim]
-    out, _ = _tree_sdpa(module, padded.transpose(1, 2), key, value, attention_mask, scaling=scaling)
+    out, _ = (attend or _tree_sdpa)(module, padded.transpose(1, 2), key, value, attention_mask, scaling=scaling)
     return out[layout.row_of, layout.slot_of][None], None  # [rows, width, heads, dim] -> [1, tokens, heads, dim]
 
 
@@ -108,6 +122,10 @@ def packed_tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
     if switch is None or not switch.on:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if switch.exact and kwargs.get("softcap") is None and kwargs.get("position_bias") is None:
+        if switch.ragged is not None:
+            return _ragged_sdpa(module, query, key, value, attention_mask, scaling, switch.ragged, exact_sdpa)
+        return exact_sdpa(module, query, key, value, attention_mask, scaling=scaling)
     if switch.ragged is not None:
         if switch.ragged.split:
             return _split_sdpa(module, query, key, value, attention_mask, scaling, switch.ragged)
@@ -137,6 +155,25 @@ def _tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     out = F.scaled_dot_product_attention(packed_q, key, value, attn_mask=mask.reshape(b, 1, groups * q_len, kv_len),
                                          scale=scaling)
     return out.reshape(b, heads, q_len, d).transpose(1, 2).contiguous(), None  # [b, q, heads, d]
+
+
+def exact_sdpa(module, query, key, value, attention_mask, scaling=None, **_):
+    """query [b, heads, q, dim], key/value [b, kv_heads, kv_len, dim], mask bool [b, 1, q, kv_len] or None (causal,
+    the queries being the last q keys); out [b, q, heads, dim] in the query's dtype. Float64 throughout (see the
+    module docstring); query heads share their KV head by packing, as `_tree_sdpa` does."""
+    b, heads, q_len, d = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
+    q = query.double().reshape(b, kv_heads, groups * q_len, d)
+    scores = (q @ key.double().transpose(-1, -2)) * scale  # [b, kv_heads, groups * q, kv_len]
+    if attention_mask is None:
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    mask = attention_mask.expand(b, 1, q_len, kv_len)[:, :, None].expand(b, 1, groups, q_len, kv_len)
+    mask = mask.reshape(b, 1, groups * q_len, kv_len)
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+    out = scores.softmax(-1) @ value.double()  # [b, kv_heads, groups * q, dim]
+    return out.to(query.dtype).reshape(b, heads, q_len, d).transpose(1, 2).contiguous(), None
 
 
 def install(model: torch.nn.Module, switch) -> bool:

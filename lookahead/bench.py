@@ -105,7 +105,7 @@ def sampling_of(args) -> SamplingParams:
 
 def run(args) -> dict:
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    runner = ModelRunner(lm.model)
+    runner = ModelRunner(lm.model, exact=False if args.inexact else None)
     runner.check_tree_masks()
     la_cfg = LookaheadConfig(
         decoding_length=args.decoding_length,
@@ -158,6 +158,7 @@ def run(args) -> dict:
         chat=args.chat,
         sampling=sampling.__dict__,
         step_table_ms=decoder.single_engine().table.summary(),
+        exact=runner.exact,
         machine=f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}, device {runner.device}",
     )
     return {"summary": summary, "prompts": results}
@@ -250,6 +251,8 @@ def parse_args(argv=None):
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
+    p.add_argument("--inexact", action="store_true",
+                   help="half-precision models: stock kernels instead of the exact (batch-invariant) forwards")
     p.add_argument("--concurrency", default=None, help="e.g. 1,2,4,8,16: serve N requests at once through the engine")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--max-tokens-per-step", type=int, default=256)

@@ -27,6 +27,17 @@ does; the losslessness tests cover it.
 
 Used as a context manager around the runner's own forwards, so plain
 `model.generate` (the baseline) keeps the stock path.
+
+Exact linears (half-precision models on CPU; the runner's `exact`). oneDNN's
+bf16 GEMM accumulates in fp32 in an order that depends on the row count, so
+now and then a row's bf16 output differs by one step between a one-token
+forward and a tree. `_exact_linear` keeps an fp32 copy of each weight, cut
+along the input dimension into blocks of `EXACT_BLOCK`, multiplies every
+block in one batched matmul (a product of two bf16 numbers is exact in
+fp32, and a 64-long block's sum runs in the same order for any row count)
+and adds the blocks' partial sums one after another: each output's fp32
+bits, and so its bf16 rounding, depend on its own row alone. Checked bitwise
+for 1 to 64 rows in `tests/lookahead/test_exact.py`.
 """
 
 import logging
@@ -43,6 +54,7 @@ ROWS_VIA_WX = 2  # up to this many rows W @ x.T wins; above it the packed weight
 PACK_HINT = 16  # oneDNN's expected row count; measured insensitive between 2 and 32
 PACK_DTYPES = (torch.float32,)  # bf16 packing needs AVX512-BF16 to pay; not measured
 PACK_MEMORY_SHARE = 0.5  # pack only if the copies take at most this share of available memory
+EXACT_BLOCK = 64  # input features per block of an exact linear's sum
 
 
 def _packed_supported() -> bool:
@@ -85,15 +97,39 @@ def _fast_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-class FastLinears:
-    """Installs the fast path on every nn.Linear of a model, active only inside `active()`."""
+def exact_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] weight -> [in // block, block, out] fp32: the blocks `_exact_linear` multiplies at once."""
+    out_f, in_f = weight.shape
+    block = max(b for b in range(1, EXACT_BLOCK + 1) if in_f % b == 0)
+    return weight.detach().float().t().reshape(in_f // block, block, out_f).contiguous()
 
-    def __init__(self, model: torch.nn.Module, enabled: bool, pack: bool | None = None) -> None:
+
+def _exact_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+    blocks = mod._lookahead_exact  # [blocks, block, out]
+    n, block, out_f = blocks.shape
+    flat = x.reshape(-1, n, block).float().transpose(0, 1)  # [blocks, rows, block]
+    y = torch.bmm(flat, blocks).sum(0)  # [rows, out]: the blocks' partial sums, added in block order
+    if mod.bias is not None:
+        y = y + mod.bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], out_f)
+
+
+class FastLinears:
+    """Installs the fast path on every nn.Linear of a model, active only inside `active()`; with `exact`, the
+    exact path instead (half-precision weights on CPU)."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool, pack: bool | None = None, exact: bool = False) -> None:
         self.on = False
         self.packed = False
+        self.exact = exact
+        linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear]
+        if exact:
+            for mod in linears:
+                mod._lookahead_exact = exact_blocks(mod.weight)
+                mod.forward = types.MethodType(self._make_forward(), mod)
+            return
         if not enabled:
             return
-        linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear]
         if pack is None:
             pack = self._should_pack(linears)
         if pack:
@@ -121,7 +157,7 @@ class FastLinears:
 
         def forward(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
             if switch.on:
-                return _fast_linear(x, mod)
+                return _exact_linear(x, mod) if switch.exact else _fast_linear(x, mod)
             return F.linear(x, mod.weight, mod.bias)
 
         return forward

@@ -105,7 +105,9 @@ class DeviceClock:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None, exact: bool | None = None) -> None:
+        """`exact`: batch-invariant forwards (attention.exact_sdpa and one matmul kernel for every row count), so a
+        token's logits are the same bits alone, in a tree or in a batch; None: on for half-precision models."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -114,17 +116,23 @@ class ModelRunner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" in params
         self.num_layers = model.config.get_text_config().num_hidden_layers
-        if fast_small_matmul is None:
-            fast_small_matmul = self.device.type == "cpu"
+        if exact is None:
+            exact = self.dtype in (torch.bfloat16, torch.float16)
+        if fast_small_matmul is None:  # its row-count-dependent kernels would undo exactness
+            fast_small_matmul = self.device.type == "cpu" and not exact
         # Tree forwards attend without copying K/V per query-head group, and batches may be ragged (attention.py).
         # Installed once per model: a second runner shares the first one's hooks (installing again would find
         # the attention already renamed, and leave the first runner's fast linears switched off for good).
         hooks = getattr(model, "_lookahead_hooks", None)
         if hooks is None:
-            switch = attention.AttentionSwitch()
-            hooks = _Hooks(FastLinears(model, fast_small_matmul), switch, attention.install(model, switch))
+            switch = attention.AttentionSwitch(exact=exact)
+            linears = FastLinears(model, fast_small_matmul, exact=exact and self.device.type == "cpu")
+            hooks = _Hooks(linears, switch, attention.install(model, switch))
             model._lookahead_hooks = hooks
+        elif hooks.attn.exact != exact:
+            raise ValueError(f"this model already has a runner with exact={hooks.attn.exact}; one runner per model")
         self._fast, self._attn, self.packed_attention = hooks.fast, hooks.attn, hooks.packed_attention
+        self.exact = exact and self.packed_attention  # exact attention needs the installed hook
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
         self.clock = DeviceClock(self.device)
 

@@ -32,6 +32,9 @@ class LookaheadSettings(Strict):
     decoding_mode: Literal["hier", "par", "one"] = "hier"
     stop_words: list[str] = []  # strings; every token of each never starts a draft branch
     adaptive: bool = True  # size drafts from the forward-cost curve measured at start-up
+    # Half-precision models: batch-invariant forwards, so lookahead gives token for token what plain decoding does
+    # (lookahead/attention.py, fast_linear.py); off: stock kernels, faster on CPU, and outputs may differ at near-ties.
+    exact: bool = True
     memory_max_nodes: int = Field(1_000_000, ge=16)  # bound on the shared output trie
     # Persist the shared output memory here (data-only format, checksummed; see lookahead/trie_store.py):
     # loaded at start (a corrupt or foreign file is logged and ignored), saved every interval and at shutdown.

@@ -72,7 +72,7 @@ class LookaheadModel:
                         device_map=cfg.device_map, max_memory=_placement_memory(cfg.max_memory))
         self.tokenizer = lm.tokenizer
         self.eos = frozenset(lm.eos_token_ids)
-        runner = ModelRunner(lm.model)
+        runner = ModelRunner(lm.model, exact=None if cfg.lookahead.exact else False)  # None: half precision only
         runner.check_tree_masks()
         self.context = runner.context_length  # prompt + max_tokens + draft headroom must fit (check_context)
         la = cfg.lookahead

@@ -49,7 +49,8 @@ def test_mixed_batch_is_lossless_on_real_weights(smollm2):
 
 def test_smollm2_in_bf16_starts_and_serves_through_the_engine(smollm2):
     """bf16, the GPU dtype, passes the start-up mask checks (a tolerance that fits the dtype) and serves a
-    batch; token agreement with `generate` in bf16 is its own issue, so this asserts the path, not equality."""
+    batch, token for token what the same engine's plain decoding gives (the runner's exact forwards; equality
+    with HF `generate`, whose stock kernels round differently, cannot be forced and is not asserted)."""
     import torch
 
     from lookahead.models import load_model
@@ -65,10 +66,16 @@ def test_smollm2_in_bf16_starts_and_serves_through_the_engine(smollm2):
     engine = Engine(dec, SchedulerConfig(max_batch_size=2, max_tokens_per_step=32))
     prompts = real_prompts(lm.tokenizer, per_set=1)[:2]
     for _, ids in prompts:  # what the engine learns from the first pass it drafts from in the second
-        dec.memory.add_sequence(hf_generate(lm.model, ids, 24, list(eos)).tokens)
-    handles = [engine.add_request(ids, stop=StopCriteria(24, eos)) for _, ids in prompts]
-    while not all(h.done for h in handles):
-        engine.step()
-    results = [h.result() for h in handles]
+        dec.memory.add_sequence(hf_generate(lm.model, ids, 48, list(eos)).tokens)
+    assert runner.exact
+
+    def serve(la=None):
+        handles = [engine.add_request(ids, stop=StopCriteria(48, eos), lookahead=la) for _, ids in prompts]
+        while not all(h.done for h in handles):
+            engine.step()
+        return [h.result() for h in handles]
+
+    results = serve()
     assert all(r.finish_reason in ("length", "eos") and r.tokens for r in results)
     assert sum(r.stats.accepted_drafts for r in results) > 0  # drafts were verified and accepted in bf16
+    assert [r.tokens for r in results] == [r.tokens for r in serve(LookaheadConfig(enabled=False))]
