@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from . import heap
+from .agreement import Divergence, divergence
+from .draft import DraftTree
 from .config import LookaheadConfig
 from .bench_engine import print_level, run_levels
 from .generate import LookaheadDecoder
@@ -44,6 +46,8 @@ class PromptResult:
     own_plain: Generation
     lookahead: Generation
     sampled: bool = False  # sampled outputs are equal in distribution, not token for token: nothing to compare
+    vs_plain: Divergence | None = None  # where lookahead parts from the engine's own plain decoding (greedy)
+    vs_generate: Divergence | None = None  # ... and from HF generate; each with the reference's top-2 gap there
 
     def as_json(self) -> dict:
         la, own = self.lookahead.stats, self.own_plain.stats
@@ -64,6 +68,9 @@ class PromptResult:
             "mean_drafts": la.mean_drafts,
             "identical": self.lookahead.tokens == self.baseline.tokens if not self.sampled else None,
             "own_plain_identical": self.own_plain.tokens == self.baseline.tokens if not self.sampled else None,
+            "plain_identical": self.lookahead.tokens == self.own_plain.tokens if not self.sampled else None,
+            "vs_plain": self.vs_plain.__dict__ if self.vs_plain else None,
+            "vs_generate": self.vs_generate.__dict__ if self.vs_generate else None,
         }
 
 
@@ -83,6 +90,10 @@ def summarize(rows: list[dict]) -> dict:
         "own_plain_decode_speedup": total("baseline_decode_s") / total("own_plain_decode_s"),
         "identical": _all(r["identical"] for r in rows),
         "own_plain_identical": _all(r["own_plain_identical"] for r in rows),
+        "plain_identical": _all(r["plain_identical"] for r in rows),
+        # how many prompts lookahead decoded token for token as the engine's plain decoding / as HF generate
+        "plain_matches": sum(bool(r["plain_identical"]) for r in rows),
+        "generate_matches": sum(bool(r["identical"]) for r in rows),
         "baseline_tok_s": new_tokens / total("baseline_s"),
         "lookahead_tok_s": la_tokens / total("lookahead_s"),
         "own_plain_tok_s": own_tokens / total("own_plain_s"),
@@ -143,6 +154,10 @@ def run(args) -> dict:
             else:
                 runs[name] = decoder.generate(ids, stop=stop, sampling=sampling)
         res = PromptResult(pid, len(ids), runs["baseline"], runs["own_plain"], runs["lookahead"], sampling.do_sample)
+        if not sampling.do_sample:
+            res.vs_plain = divergence(res.lookahead.tokens, res.own_plain.tokens, ids, lambda c: _top2(runner_logits(runner, c)))
+            res.vs_generate = divergence(res.lookahead.tokens, res.baseline.tokens, ids,
+                                         lambda c: _top2(hf_logits(lm.model, c)))
         results.append(res.as_json())
         print_row(results[-1], i + 1, len(prompts))
     summary = summarize(results)
@@ -209,12 +224,37 @@ def run_concurrency(args, lm, decoder: LookaheadDecoder, prompts, stop: StopCrit
     return {"summary": summary, "prompts": rows}
 
 
+@torch.inference_mode()
+def runner_logits(runner: ModelRunner, context: list[int]) -> torch.Tensor:
+    """The next token's logits after `context`, as the engine's plain decoding computes them."""
+    cache = runner.new_cache(len(context) + 1)
+    runner.prefill(cache, context[:-1])
+    return runner.verify(cache, DraftTree([context[-1]], [-1], [0], [1.0]))[0]
+
+
+@torch.inference_mode()
+def hf_logits(model, context: list[int]) -> torch.Tensor:
+    """The next token's logits after `context`, as HF `generate` computes them (the stock forward)."""
+    device = next(model.parameters()).device
+    return model(input_ids=torch.tensor([context], device=device)).logits[0, -1].float()
+
+
+def _top2(logits: torch.Tensor) -> tuple[float, float]:
+    first, second = logits.float().topk(2).values.tolist()
+    return first, second
+
+
+def _where(d: dict | None) -> str:
+    return "same" if d is None else f"at {d['position']} (gap {d['gap']:.3f})"
+
+
 def print_row(r: dict, i: int, n: int) -> None:
     print(
         f"[{i:3d}/{n}] {r['id']:<22} prompt {r['prompt_tokens']:5d} new {len(r['baseline_ids']):4d} "
         f"| generate {r['baseline_s']:6.2f}s  own-plain {r['own_plain_s']:6.2f}s  lookahead {r['lookahead_s']:6.2f}s "
         f"| x{r['baseline_s'] / r['lookahead_s']:.2f} decode x{r['baseline_decode_s'] / r['lookahead_decode_s']:.2f} "
-        f"| {r['mean_accepted']:.2f} tok/step | {'identical' if r['identical'] else 'DIFFERENT'}",
+        f"| {r['mean_accepted']:.2f} tok/step | {'identical' if r['identical'] else 'DIFFERENT'}"
+        + ("" if r["identical"] is None else f" | vs plain {_where(r['vs_plain'])}, vs generate {_where(r['vs_generate'])}"),
         flush=True,
     )
 
@@ -231,7 +271,9 @@ def print_summary(s: dict) -> None:
     print(f"  own plain  {s['own_plain_tok_s']:7.2f} tok/s  (x{s['own_plain_speedup']:.2f}, decode x{s['own_plain_decode_speedup']:.2f})")
     print(f"  lookahead  {s['lookahead_tok_s']:7.2f} tok/s  (x{s['speedup']:.2f}, decode x{s['decode_speedup']:.2f}), "
           f"{s['mean_accepted']:.2f} tokens/step, identical: {s['identical']}"
-          + (" (sampled: compared in distribution by the tests, not here)" if s["identical"] is None else ""))
+          + (" (sampled: compared in distribution by the tests, not here)" if s["identical"] is None else
+             f"; equal to the engine's plain decoding on {s['plain_matches']}/{s['prompts']} prompts, "
+             f"to generate on {s['generate_matches']}/{s['prompts']}"))
 
 
 def parse_args(argv=None):

@@ -117,6 +117,10 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
             r += 1
         identical = None if sampling.do_sample else all(  # sampled: equal in distribution, not token for token
             g.tokens == ref for name in runs for run in runs[name] for g, ref in zip(run.outputs, references))
+        # greedy: the on arm's outputs against the same engine's plain decoding of each prompt (its first off run)
+        plain = [g.tokens for g in runs["off"][0].outputs]
+        plain_matches = None if sampling.do_sample else sum(
+            g.tokens == ref for run in runs["on"] for g, ref in zip(run.outputs, plain))
         on, off = LevelRun.merged(runs["on"]), LevelRun.merged(runs["off"])
         level = {
             "concurrency": n,
@@ -124,6 +128,8 @@ def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: 
             "off_tok_s": off.tok_s,
             "ratio": on.tok_s / off.tok_s,
             "identical": identical,
+            "plain_matches": plain_matches,  # of plain_outputs: on-arm outputs equal to the engine's plain decoding
+            "plain_outputs": len(plain) * len(runs["on"]),
             "full_batch": full_batch(on, off, n),
             "repeats": r,
             "runs": order,  # every run in the order it ran, to see the spread behind the pooled ratio
@@ -170,7 +176,9 @@ def print_level(level: dict) -> None:
         f"| x{level['ratio']:.2f} | per-request {on['per_request_tok_s']:.1f} vs {off['per_request_tok_s']:.1f} tok/s "
         f"| p50 {on['p50_latency_s']:.2f}s/{off['p50_latency_s']:.2f}s  p95 {on['p95_latency_s']:.2f}s/{off['p95_latency_s']:.2f}s "
         f"| {on['mean_accepted']:.2f} tok/step | "
-        f"{ {True: 'identical', False: 'DIFFERENT', None: 'sampled'}[level['identical']] }",
+        f"{ {True: 'identical', False: 'DIFFERENT', None: 'sampled'}[level['identical']] }"
+        + ("" if level.get("plain_matches") is None else
+           f" | equal to plain decoding {level['plain_matches']}/{level['plain_outputs']}"),
         flush=True,
     )
     a, b = on["times"], off["times"]

@@ -34,7 +34,8 @@ now and then a row's bf16 output differs by one step between a one-token
 forward and a tree. `_exact_linear` keeps an fp32 copy of each weight, cut
 along the input dimension into blocks of `EXACT_BLOCK`, multiplies every
 block in one batched matmul (a product of two bf16 numbers is exact in
-fp32, and a 64-long block's sum runs in the same order for any row count)
+fp32, and up to 128 long a block's sum runs in the same order for any row
+count; from 256 on it does not, measured)
 and adds the blocks' partial sums one after another: each output's fp32
 bits, and so its bf16 rounding, depend on its own row alone. Checked bitwise
 for 1 to 64 rows in `tests/lookahead/test_exact.py`.
@@ -54,7 +55,7 @@ ROWS_VIA_WX = 2  # up to this many rows W @ x.T wins; above it the packed weight
 PACK_HINT = 16  # oneDNN's expected row count; measured insensitive between 2 and 32
 PACK_DTYPES = (torch.float32,)  # bf16 packing needs AVX512-BF16 to pay; not measured
 PACK_MEMORY_SHARE = 0.5  # pack only if the copies take at most this share of available memory
-EXACT_BLOCK = 64  # input features per block of an exact linear's sum
+EXACT_BLOCK = 128  # at most this many input features per block of an exact linear's sum (see the docstring)
 
 
 def _packed_supported() -> bool:

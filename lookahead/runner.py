@@ -133,29 +133,33 @@ class ModelRunner:
             raise ValueError(f"this model already has a runner with exact={hooks.attn.exact}; one runner per model")
         self._fast, self._attn, self.packed_attention = hooks.fast, hooks.attn, hooks.packed_attention
         self.exact = exact and self.packed_attention  # exact attention needs the installed hook
+        self._exact_linears = self._fast.exact  # prepared on CPU only (fast_linear.py); CUDA keeps cuBLAS
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
         self.clock = DeviceClock(self.device)
 
     @contextmanager
-    def _active(self, ragged: attention.RaggedQueries | None = None):
-        """The runner's own forward: fast linears and tree attention on (the stock paths stay for everyone else)."""
+    def _active(self, ragged: attention.RaggedQueries | None = None, exact: bool = True):
+        """The runner's own forward: fast linears and tree attention on (the stock paths stay for everyone else).
+        `exact=False`: this forward takes the stock kernels even on an exact runner (prefill, below)."""
         self._attn.on, self._attn.ragged = True, ragged
+        self._attn.exact, self._fast.exact = exact and self.exact, exact and self._exact_linears
         try:
             with self._fast.active():
                 yield
         finally:
             self._attn.on, self._attn.ragged = False, None
+            self._attn.exact, self._fast.exact = self.exact, self._exact_linears
 
     # ---- forwards --------------------------------------------------------
     def new_cache(self, capacity: int) -> KVCache:
         return KVCache(self.num_layers, capacity)
 
     @torch.inference_mode()
-    def _forward(self, cache: KVCache, inputs: TreeInputs, keep_last: int | None) -> torch.Tensor:
+    def _forward(self, cache: KVCache, inputs: TreeInputs, keep_last: int | None, exact: bool = True) -> torch.Tensor:
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if keep_last is not None and self._keep_kw:
             kwargs["logits_to_keep"] = keep_last
-        with self._active():
+        with self._active(exact=exact):
             out = self.model(
                 input_ids=inputs.input_ids,
                 attention_mask=inputs.attention_mask,
@@ -180,7 +184,10 @@ class ModelRunner:
             # Let the model build its own causal mask: SDPA then takes its fused causal kernel,
             # ~25% faster than an explicit boolean mask on a 2,000-token CPU prefill.
             inputs.attention_mask = None
-        self._forward(cache, inputs, keep_last=1)
+        # Stock kernels, exact runner or not: plain decoding and lookahead prefill a prompt alike (same chunks),
+        # so its KV is the same bits for both; the first token's logits come from the first decode step. Exact
+        # attention over a 2,000-token prompt would cost ~30 s on a 2-core CPU, against ~1 s for SDPA.
+        self._forward(cache, inputs, keep_last=1, exact=False)
         cache.length = base + len(tokens)
 
     def verify(self, cache: KVCache, tree: DraftTree) -> torch.Tensor:
