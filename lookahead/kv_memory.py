@@ -4,9 +4,9 @@ A request is admitted only when its worst case fits: prompt + max_tokens +
 the tree headroom a verification writes past the committed context, rounded
 up to whole blocks of `block_tokens`. The ledger reserves that many
 contiguous blocks for the request's life, so an admitted request can always
-finish: no preemption, no out-of-memory mid-generation. (A pool whose rows
-are these ranges, read in place by attention, is on branch `kv-pool`; main's
-engine still uses `batch_cache.py` and no ledger.) Reservations are first-fit; a release coalesces
+finish: no preemption, no out-of-memory mid-generation. (The engine does
+not use it yet: it still allocates `batch_cache.py`'s layout, with no ledger;
+issue 16.) Reservations are first-fit; a release coalesces
 with its free neighbours, so once the running requests leave, any request
 that fits the budget at all fits again. What a row actually holds (`hold`)
 grows inside its reservation; `used_bytes` and `peak_bytes` report that.
