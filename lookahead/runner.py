@@ -41,6 +41,7 @@ class _Hooks:
     fast: FastLinears
     attn: attention.AttentionSwitch
     packed_attention: bool
+    exact: bool  # what the first runner asked for: every runner of the model must ask the same
 
 
 @dataclass
@@ -127,10 +128,10 @@ class ModelRunner:
         if hooks is None:
             switch = attention.AttentionSwitch(exact=exact)
             linears = FastLinears(model, fast_small_matmul, exact=exact and self.device.type == "cpu")
-            hooks = _Hooks(linears, switch, attention.install(model, switch))
+            hooks = _Hooks(linears, switch, attention.install(model, switch), exact)
             model._lookahead_hooks = hooks
-        elif hooks.attn.exact != exact:
-            raise ValueError(f"this model already has a runner with exact={hooks.attn.exact}; one runner per model")
+        elif hooks.exact != exact:
+            raise ValueError(f"this model already has a runner with exact={hooks.exact}; one runner per model")
         self._fast, self._attn, self.packed_attention = hooks.fast, hooks.attn, hooks.packed_attention
         self.exact = exact and self.packed_attention  # exact attention needs the installed hook
         self._exact_linears = self._fast.exact  # prepared on CPU only (fast_linear.py); CUDA keeps cuBLAS
