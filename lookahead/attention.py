@@ -34,9 +34,10 @@ computes every query's scores, softmax and weighted sum in float64 from the
 bf16 inputs: a product of two bf16 numbers is exact there, and whatever
 order the sums run in, their error is ~2^-50 relative, far below the bf16
 step (2^-8) the result is rounded to. So each query's output is a function
-of its own keys and mask alone, whatever else shares the call. Every runner
-forward (prefill, plain steps, trees, ragged or split batches) takes it, so
-plain decoding and lookahead are one computation.
+of its own keys and mask alone, whatever else shares the call. Every decode
+forward (plain steps, trees, ragged or split batches) takes it, so plain
+decoding and lookahead are one computation; prefill keeps stock SDPA (both
+prefill a prompt alike: runner.prefill).
 """
 
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ class AttentionSwitch:
 
     on: bool = False
     ragged: RaggedQueries | None = None
-    exact: bool = False  # every runner forward attends through `exact_sdpa` (set once, for half-precision models)
+    exact: bool = False  # this forward attends through `exact_sdpa` (the runner sets it per forward)
 
 
 def _ragged_sdpa(module, query, key, value, attention_mask, scaling, layout: RaggedQueries, attend=None):
