@@ -1,88 +1,90 @@
-"""KV cache for a continuous batch: one row per running request, rows of different lengths.
+"""KV cache for a continuous batch: every request's keys and values in a range of one pool.
 
-Layout per layer: `[slots, kv_heads, capacity, head_dim]`. The running requests
-occupy rows 0..n-1 with no gaps (a leaving row is refilled by the last row),
-so a forward reads a plain view `[:n, :, :kv_len]`, never a copy. Row b holds
-`lengths[b]` committed entries at its front; a forward writes row b's tree (root +
-drafts + padding up to the batch's width Q) at `[lengths[b], lengths[b] + Q)`.
-Entries past a row's length are garbage that the attention mask never shows
-and the next forward overwrites: no holes, no per-slot valid mask needed.
+Layout per layer: keys and values `[pool_tokens, kv_heads, head_dim]`
+(token-major), on that layer's own device, allocated once at the size the
+KV budget allows (`kv_memory.KVLedger`). A request's range is reserved when
+it is admitted, for its worst case (prompt + max_new_tokens + the tree
+headroom, in whole blocks), so the batch holds the sum of its rows' ranges,
+never rows x the longest, and an admitted request can always finish. Its
+prompt is prefilled straight into that range (`row_cache`) and it joins the
+batch with no copy (`attach`); it leaves with no copy either (`release`).
+On CPU the pool's pages are only backed once written, so resident memory
+follows the tokens actually held.
 
-A forward may also be ragged (`begin_forward(width, counts)`): row b sends
-only its own `counts[b]` tree tokens, all rows' tokens packed into one
-sequence, so the linear layers never compute padding. Its keys and values
-are scattered to the same places; the slots between a row's last token and
-`width` keep whatever they held, which the mask hides as it hides padding.
+A forward writes row b's tree (root + drafts, or padding up to the batch's
+width Q) at its positions `[lengths[b], lengths[b] + Q)`. A ragged forward
+(`begin_forward(width, counts)`) sends only each row's own `counts[b]`
+tokens, packed into one sequence; its keys and values go to the same places.
 
-Memory bound: capacity only grows to what the longest row needs (doubling) and
-shrinks back when rows leave, so the cache holds at most
-`slots * 4 * (longest running row + width)` entries per layer; that bound is
-asserted after every release and tested.
+Attention reads `[rows, kv_heads, kv_len, head_dim]`, every row's entries at
+positions 0..kv_len-1, as the batch's 4D mask is laid out. One row: a view
+of its range, no copy. Several rows: their ranges are gathered into a
+staging buffer per device (`index_select`, one copy of what attention reads
+next; the buffer is reused by every layer, so it costs one layer's worth of
+rows x kv_len, not the batch's). Positions past what a row has written point
+at its last written entry: masked, and always finite values.
+
+The rows' bookkeeping mirrors the scheduler's: rows 0..n-1 are the running
+requests, and a leaving row is refilled by the last one.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .kv_cache import KVCache
+from .kv_memory import KVLedger
 
 
 @dataclass
 class ForwardPlan:
-    """Where one forward's keys and values go, set by `begin_forward` before the model runs."""
+    """Where one forward's keys and values go and what attention reads, set by `begin_forward`."""
 
     batch: int  # leading dim of the forward's key states: the running rows, or 1 when ragged
     tokens: int  # their token dim: the tree width, or all rows' packed tokens when ragged
-    rows: int  # running rows; attention reads keys[:rows, :, :kv_len]
-    kv_len: int
-    start: int | None = None  # padded, every row at the same length: one slice write at [start, start + width)
-    row_of: torch.Tensor | None = None  # otherwise [rows, width] (padded) or [tokens] (ragged): each entry's row
-    pos_of: torch.Tensor | None = None  # same shape: each entry's position in its row
+    rows: int  # running rows
+    kv_len: int  # attention reads positions 0..kv_len-1 of every row
+    ragged: bool
+    dst: torch.Tensor  # [batch * tokens] pool slot of each key-state entry, in [batch, tokens] order
+    src: torch.Tensor | None  # [rows * kv_len] pool slot read for each (row, position); None: one row, a view
+    first: int  # one row: where its range starts
+    _on: dict = field(default_factory=dict)  # device -> (dst, src) there (layers may sit on several devices)
 
-    @property
-    def ragged(self) -> bool:
-        return self.row_of is not None and self.row_of.dim() == 1
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        got = self._on.get(device)
+        if got is None:
+            got = self._on[device] = (self.dst.to(device), None if self.src is None else self.src.to(device))
+        return got
 
 
-class _BatchLayer(CacheLayerMixin):
+class _PoolLayer(CacheLayerMixin):
     is_sliding = False
 
-    def __init__(self, owner: "BatchKVCache") -> None:
+    def __init__(self, owner: "BatchKVCache", keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        o = self.owner
-        _, h, _, d = key_states.shape
-        self.keys = key_states.new_zeros((o.slots, h, o.capacity, d))
-        self.values = value_states.new_zeros((o.slots, h, o.capacity, value_states.shape[-1]))
+        self.keys, self.values = keys, values  # [pool_tokens, kv_heads, head_dim]
         self.is_initialized = True
 
-    def resize(self, capacity: int) -> None:
-        keep = min(capacity, self.keys.shape[2])
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_zeros((*old.shape[:2], capacity, old.shape[-1]))
-            new[:, :, :keep] = old[:, :, :keep]
-            setattr(self, name, new)
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass  # allocated with the pool
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
         p = self.owner.plan
         assert p is not None and (p.batch, p.tokens) == (key_states.shape[0], key_states.shape[2]), \
             "begin_forward() must describe this forward"
-        if p.ragged:  # [1, heads, tokens, dim]: token t belongs to row row_of[t]
-            self.keys[p.row_of, :, p.pos_of] = key_states[0].transpose(0, 1)  # [tokens, heads, dim]
-            self.values[p.row_of, :, p.pos_of] = value_states[0].transpose(0, 1)
-        elif p.start is not None:
-            self.keys[: p.rows, :, p.start : p.start + p.tokens] = key_states
-            self.values[: p.rows, :, p.start : p.start + p.tokens] = value_states
-        else:
-            self.keys[p.row_of, :, p.pos_of] = key_states.transpose(1, 2)  # [rows, width, heads, dim]
-            self.values[p.row_of, :, p.pos_of] = value_states.transpose(1, 2)
-        return self.keys[: p.rows, :, : p.kv_len], self.values[: p.rows, :, : p.kv_len]
+        dst, src = p.on(self.keys.device)
+        for pool, new in ((self.keys, key_states), (self.values, value_states)):
+            pool.index_copy_(0, dst, new.transpose(1, 2).flatten(0, 1))  # [batch * tokens, heads, dim]
+        if src is None:
+            view = lambda t: t[p.first : p.first + p.kv_len].transpose(0, 1)[None]  # noqa: E731
+            return view(self.keys), view(self.values)
+        k, v = self.owner.staging(self.keys, p.rows * p.kv_len)
+        torch.index_select(self.keys, 0, src, out=k)
+        torch.index_select(self.values, 0, src, out=v)
+        shape = (p.rows, p.kv_len, *self.keys.shape[1:])
+        return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [rows, heads, kv_len, dim]
 
     def get_seq_length(self) -> int:
         return max(self.owner.lengths, default=0)
@@ -94,113 +96,147 @@ class _BatchLayer(CacheLayerMixin):
         return -1
 
 
+@dataclass(frozen=True)
+class PoolLayout:
+    """What one layer's pool holds per token, and where: from the model (runner.pool_layout)."""
+
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    devices: tuple[torch.device, ...]  # [layers] each layer's device
+
+
 class BatchKVCache(Cache):
-    def __init__(self, num_layers: int, slots: int, capacity: int = 256) -> None:
-        self.slots = slots
-        self.capacity = capacity
-        self.lengths: list[int] = []  # committed entries of running rows 0..n-1
+    def __init__(self, layout: PoolLayout, ledger: KVLedger) -> None:
+        self.ledger = ledger
+        self.pool_tokens = ledger.token_capacity
+        shape = (self.pool_tokens, layout.kv_heads, layout.head_dim)
+        layers = [_PoolLayer(self, torch.empty(shape, dtype=layout.dtype, device=d),
+                             torch.empty(shape, dtype=layout.dtype, device=d)) for d in layout.devices]
+        self.keys_of: list[object] = []  # [rows] each row's ledger key
+        self.offsets: list[int] = []  # [rows] where each row's range starts in the pool
+        self.lengths: list[int] = []  # [rows] committed entries of running rows 0..n-1
+        self._owned: set = set()  # keys this cache reserved itself (`admit`), released when their row leaves
+        self._staging: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.plan: ForwardPlan | None = None
-        super().__init__(layers=[_BatchLayer(self) for _ in range(num_layers)])
+        super().__init__(layers=layers)
 
     @property
     def rows(self) -> int:
         return len(self.lengths)
 
-    def _layers(self):
-        return [l for l in self.layers if l.is_initialized]
+    def staging(self, like: torch.Tensor, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key and value read buffers of at least `entries` positions on `like`'s device, reused by every layer."""
+        got = self._staging.get(like.device)
+        if got is None or got[0].shape[0] < entries:
+            size = max(entries, 2 * got[0].shape[0]) if got is not None else entries
+            got = tuple(like.new_empty((size, *like.shape[1:])) for _ in range(2))
+            self._staging[like.device] = got
+        return got[0][:entries], got[1][:entries]
 
-    def _ensure_capacity(self, needed: int) -> None:
-        if needed > self.capacity:
-            self.capacity = max(needed, 2 * self.capacity)
-            for layer in self._layers():
-                layer.resize(self.capacity)
+    def staging_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self._staging.values() for t in pair)
 
     # ---- forwards --------------------------------------------------------
     def begin_forward(self, width: int, counts: list[int] | None = None) -> ForwardPlan:
-        """Plan the writes of a forward `width` tokens wide for every running row.
+        """Plan the writes and reads of a forward `width` tokens wide for every running row.
 
         With `counts` the forward is ragged: row b sends only its first counts[b]
         tree tokens, packed row after row into one sequence.
         """
         n = self.rows
+        sent = counts if counts is not None else [width] * n
+        assert len(sent) == n and all(1 <= c <= width for c in sent)
         kv_len = max(self.lengths) + width
-        self._ensure_capacity(kv_len)
-        dev = self._device()
-        if counts is not None:
-            assert len(counts) == n and all(1 <= c <= width for c in counts)
-            row_of = torch.repeat_interleave(torch.arange(n), torch.tensor(counts))  # [tokens]
-            pos_of = torch.cat([torch.arange(l, l + c) for l, c in zip(self.lengths, counts)])  # [tokens]
-            self.plan = ForwardPlan(1, sum(counts), n, kv_len, row_of=row_of.to(dev), pos_of=pos_of.to(dev))
-        elif all(l == self.lengths[0] for l in self.lengths):
-            self.plan = ForwardPlan(n, width, n, kv_len, start=self.lengths[0])
-        else:
-            pos_of = torch.tensor(self.lengths)[:, None] + torch.arange(width)[None, :]  # [n, width]
-            row_of = torch.arange(n)[:, None].expand(n, width)
-            self.plan = ForwardPlan(n, width, n, kv_len, row_of=row_of.to(dev), pos_of=pos_of.to(dev))
+        starts = [o + l for o, l in zip(self.offsets, self.lengths)]  # [rows] first pool slot this forward writes
+        dst = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, sent)])  # [batch * tokens]
+        src = None
+        if n > 1:
+            pos = torch.arange(kv_len)[None, :]  # [1, kv_len]
+            last = torch.tensor([l + c - 1 for l, c in zip(self.lengths, sent)])[:, None]  # [rows, 1]
+            src = (torch.tensor(self.offsets)[:, None] + torch.minimum(pos, last)).flatten()  # [rows * kv_len]
+        batch, tokens = (1, sum(sent)) if counts is not None else (n, width)
+        self.plan = ForwardPlan(batch, tokens, n, kv_len, counts is not None, dst, src, self.offsets[0])
+        for key, l, c in zip(self.keys_of, self.lengths, sent):
+            self.ledger.hold(key, l + c)
         return self.plan
 
     @torch.inference_mode()
     def commit(self, keeps: list[list[int]]) -> None:
         """After a forward: row b keeps its tree rows keeps[b] (root first) as context."""
         assert len(keeps) == self.rows
-        movers = [(b, k) for b, k in enumerate(keeps) if k != list(range(len(k)))]
-        if movers:
-            width = max(len(k) for _, k in movers)
-            rows = torch.tensor([[b] * width for b, _ in movers])
-            src = torch.tensor([[self.lengths[b] + r for r in (k + [k[-1]] * (width - len(k)))] for b, k in movers])
-            dst = torch.tensor([[self.lengths[b] + min(i, len(k) - 1) for i in range(width)] for b, k in movers])
-            dev = self._device()
-            rows, src, dst = rows.to(dev), src.to(dev), dst.to(dev)
-            for layer in self._layers():
-                for t in (layer.keys, layer.values):
-                    t[rows, :, dst] = t[rows, :, src]  # the gather reads before the scatter writes
+        src, dst = [], []
+        for off, l, k in zip(self.offsets, self.lengths, keeps):
+            if k != list(range(len(k))):
+                src += [off + l + r for r in k]
+                dst += [off + l + i for i in range(len(k))]
+        if dst:
+            self._move(torch.tensor(src), torch.tensor(dst))
         self.lengths = [l + len(k) for l, k in zip(self.lengths, keeps)]
+        for key, l in zip(self.keys_of, self.lengths):
+            self.ledger.hold(key, l)
         self.plan = None
 
+    def _move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Pool slots src -> dst in every layer (the gather reads before the scatter writes)."""
+        on = {}
+        for layer in self.layers:
+            dev = layer.keys.device
+            if dev not in on:
+                on[dev] = (src.to(dev), dst.to(dev))
+            s, d = on[dev]
+            for t in (layer.keys, layer.values):
+                t.index_copy_(0, d, t.index_select(0, s))
+
+    @torch.inference_mode()
+    def copy_range(self, src: int, dst: int, n: int) -> None:
+        """Pool slots [src, src + n) -> [dst, dst + n) in every layer (ranges that do not overlap)."""
+        for layer in self.layers:
+            for t in (layer.keys, layer.values):
+                t[dst : dst + n] = t[src : src + n]
+
     # ---- joining and leaving ---------------------------------------------
+    def row_cache(self, key: object) -> KVCache:
+        """A single-request cache over `key`'s reserved range: prefill writes the request's prompt in place."""
+        off, size = self.ledger.offset(key), self.ledger.reserved_tokens(key)
+        view = lambda t: t[off : off + size].transpose(0, 1)[None]  # noqa: E731 - [1, heads, size, dim]
+        return KVCache.over([(view(l.keys), view(l.values)) for l in self.layers])
+
+    def attach(self, key: object, length: int) -> int:
+        """The request whose range is `key`'s reservation joins as a new last row, `length` entries committed."""
+        self.keys_of.append(key)
+        self.offsets.append(self.ledger.offset(key))
+        self.lengths.append(length)
+        self.ledger.hold(key, length)
+        return self.rows - 1
+
     @torch.inference_mode()
     def admit(self, single: KVCache, headroom: int) -> int:
-        """Copy a prefilled single-request cache into a new last row; return its row."""
-        assert self.rows < self.slots, "no free slot"
-        n, length = self.rows, single.length
-        self._ensure_capacity(length + headroom)
-        for mine, theirs in zip(self.layers, single.layers):
-            if not theirs.is_initialized:
-                continue
-            if not mine.is_initialized:
-                mine.lazy_initialization(theirs.keys[:, :, :1], theirs.values[:, :, :1])
-            mine.keys[n, :, :length] = theirs.keys[0, :, :length]
-            mine.values[n, :, :length] = theirs.values[0, :, :length]
-        self.lengths.append(length)
-        return n
+        """Reserve a range for a prefilled single-request cache, copy it in as a new last row; return its row.
+        (The engine prefills into its rows' ranges instead: `row_cache`.)"""
+        key = object()
+        self.ledger.reserve(key, single.length + headroom)
+        self._owned.add(key)
+        mine = self.row_cache(key)
+        for dst, theirs in zip(mine.layers, single.layers):
+            if theirs.is_initialized:
+                dst.keys[0, :, : single.length] = theirs.keys[0, :, : single.length]
+                dst.values[0, :, : single.length] = theirs.values[0, :, : single.length]
+        return self.attach(key, single.length)
 
-    @torch.inference_mode()
-    def release(self, row: int, headroom: int) -> int | None:
-        """Free `row`; the last row moves into it. Return the row that moved (now at `row`), or None."""
+    def release(self, row: int) -> int | None:
+        """Free `row`; the last row moves into its place (bookkeeping only: no KV moves). Return the row that
+        moved (now at `row`), or None."""
+        key = self.keys_of[row]
         last = self.rows - 1
-        moved = None
-        if row != last:
-            length = self.lengths[last]
-            for layer in self._layers():
-                layer.keys[row, :, :length] = layer.keys[last, :, :length]
-                layer.values[row, :, :length] = layer.values[last, :, :length]
-            self.lengths[row] = length
-            moved = last
-        self.lengths.pop()
-        self._shrink(headroom)
-        return moved
-
-    def _shrink(self, headroom: int) -> None:
-        need = max(self.lengths, default=0) + headroom
-        if self.capacity > 4 * need and self.capacity > 256:
-            self.capacity = max(256, 2 * need)
-            for layer in self._layers():
-                layer.resize(self.capacity)
-        assert self.capacity <= max(256, 4 * need)
-
-    def _device(self):
-        layers = self._layers()
-        return layers[0].keys.device if layers else torch.device("cpu")
+        for seq in (self.keys_of, self.offsets, self.lengths):
+            seq[row] = seq[last]
+            seq.pop()
+        if key in self._owned:
+            self._owned.discard(key)
+            self.ledger.release(key)
+        return last if row != last else None
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for l in self._layers() for t in (l.keys, l.values))
+        """The pool's bytes in every layer (allocated once; on CPU backed only where written)."""
+        return sum(t.numel() * t.element_size() for l in self.layers for t in (l.keys, l.values))

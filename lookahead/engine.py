@@ -16,6 +16,12 @@ A step reads schedule -> plan -> forward -> accept -> commit:
 - commit: keep the accepted KV entries, stream the emitted tokens, time the
   whole step into the table. Finished requests leave at once and free their row.
 
+Memory: the KV budget (`kv_memory.py`; from `kv_cache_gb`, or the device)
+is one pool (`batch_cache.py`). A request is admitted when its worst case
+fits what is free, and prefilled straight into its own range; the prefix
+cache lives in the same pool and gives way first. A request that could
+never fit the whole budget is refused at `add_request`.
+
 A single stream (`LookaheadDecoder.generate`) is this step on a batch of one.
 
 The engine runs in one background thread; `add_request` and `cancel` are
@@ -30,9 +36,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 from .generate import LookaheadDecoder
+from .batch_cache import BatchKVCache
 from .kv_cache import KVCache
+from .kv_memory import KVLedger
 from .payoff import Payoff
 from .planner import break_even, plan_step
 from .prefix_cache import PrefixCache
@@ -46,6 +55,22 @@ log = logging.getLogger(__name__)
 
 class EngineStopped(RuntimeError):
     """The engine no longer takes requests (a fatal device error): the replica is to be replaced."""
+
+
+class ExceedsBudget(ValueError):
+    """A request whose worst case (prompt + max_new_tokens + tree headroom) is more than the whole KV budget."""
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """The engine's KV memory and queue now (for /stats and the Prometheus gauges)."""
+
+    kv_budget_bytes: int  # what the pool may hold: whole blocks of the budget
+    kv_used_bytes: int  # blocks the running requests and the prefix cache hold now
+    kv_peak_bytes: int  # the most held at once since start
+    prefix_cache_bytes: int
+    running: int  # requests being prefilled or decoded
+    waiting: int  # requests queued for room or a row
 
 _TOKENS, _DONE, _ERROR = "tokens", "done", "error"
 
@@ -122,9 +147,20 @@ class Engine:
         self.decoder = decoder
         self.runner = decoder.runner
         self.config = config
-        self.scheduler = Scheduler(config)
-        self.cache = self.runner.new_batch_cache(config.max_batch_size)
+        self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
+        # The step table's seed runs the largest forwards first: on CUDA their peak is what the KV budget leaves.
+        self.table, peak = self.runner.measure_peak(
+            lambda: decoder.step_table(config.max_batch_size, config.max_tokens_per_step, self.ragged))
         self.headroom = decoder.config.decoding_length + 1
+        self.ledger = KVLedger(self.runner.kv_shape, self.runner.kv_budget(
+            config.kv_cache_gb, config.gpu_memory_utilization, peak, config.max_batch_size))
+        self.cache = BatchKVCache(self.runner.pool_layout(), self.ledger)
+        self.prefixes = PrefixCache(self.cache, config.prefix_cache_mb * 2**20)
+        self.scheduler = Scheduler(config, ledger=self.ledger, headroom=self.headroom,
+                                   make_room=self.prefixes.evict_one)
+        log.info("KV budget: %d tokens, %.3f GiB (%s; %d bytes a token)", self.ledger.token_capacity,
+                 self.ledger.blocks * self.ledger.block_bytes / 2**30, self.ledger.budget.source,
+                 self.ledger.shape.token_bytes)
         self._handles: dict[int, RequestHandle] = {}  # id(seq) -> handle
         self._inbox: deque[RequestHandle] = deque()
         self._lock = threading.Lock()
@@ -133,8 +169,6 @@ class Engine:
         self._calls: deque[tuple] = deque()  # (fn, future) to run on the engine thread between steps
         self._thread: threading.Thread | None = None
         self._prefill_cache: KVCache | None = None
-        self.prefixes = PrefixCache(config.prefix_cache_mb * 2**20)
-        self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
         self.fatal: BaseException | None = None  # a device error that stopped the engine for good
         self.payoff = Payoff()  # measured: do proposing steps deliver more tokens/s than held ones, per batch size
         self.steps = 0
@@ -142,7 +176,6 @@ class Engine:
         # decode steps by kind: verified drafts / went plain by the planner's choice / held plain by the payoff check
         self.decode_steps = {"drafting": 0, "plain": 0, "held": 0}
         self.times = EngineTimes()  # where the steps' time went, by phase and by rows in the batch
-        self.table = decoder.step_table(config.max_batch_size, config.max_tokens_per_step, self.ragged)
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -158,6 +191,12 @@ class Engine:
         """Queue a request built by `decoder.new_sequence`."""
         if self.fatal is not None:
             raise EngineStopped(f"the engine stopped after a fatal device error: {self.fatal}")
+        worst = self.scheduler.worst_case(seq)
+        if not self.ledger.fits_ever(worst):
+            raise ExceedsBudget(
+                f"the prompt ({len(seq.prompt)} tokens) + max_tokens ({seq.stop.max_new_tokens}) + {self.headroom} "
+                f"tokens of draft headroom = {worst} tokens of KV; this replica's KV budget holds "
+                f"{self.ledger.token_capacity}")
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -215,6 +254,11 @@ class Engine:
         """The background thread is running (False before `start`, after `shutdown`, a crash or a fatal device
         error)."""
         return self._thread is not None and self._thread.is_alive() and self.fatal is None
+
+    def memory_stats(self) -> MemoryStats:
+        s, led = self.scheduler, self.ledger
+        return MemoryStats(led.blocks * led.block_bytes, led.used_bytes, led.peak_bytes, self.prefixes.bytes,
+                           len(s.running) + (s.prefilling is not None), len(self._inbox) + len(s.waiting))
 
     @property
     def active_requests(self) -> int:
@@ -286,7 +330,7 @@ class Engine:
             self._finish(seq)
 
     def _release(self, row: int) -> None:
-        self.cache.release(row, self.headroom)
+        self.cache.release(row)
         self.scheduler.remove_row(row)
 
     def _fail(self, error: BaseException, queued_too: bool) -> None:
@@ -319,10 +363,12 @@ class Engine:
         t0 = time.perf_counter()
         if chunk is not None:
             p, start, end = chunk
+            key = id(p.seq)  # its reservation in the ledger: its range of the pool
             if start == 0:
-                self._prefill_cache = self.runner.new_cache(p.total + self.headroom)
-                reused = self.prefixes.load_into(self._prefill_cache, p.seq.ctx[: p.total])
+                self._prefill_cache = self.cache.row_cache(key)
+                reused = self.prefixes.load_into(self.ledger.offset(key), p.seq.ctx[: p.total])
                 if reused:
+                    self._prefill_cache.length = reused
                     p.seq.stats.cached_prompt_tokens = reused
                     start, end = reused, min(p.total, reused + self.config.prefill_chunk)
             if end > start:
@@ -331,11 +377,12 @@ class Engine:
                 p.seq.stats.prefill_ms += (time.perf_counter() - t0) * 1e3
             just_done = not p.finished and end >= p.total
             p.done = end
+            self.ledger.hold(key, end)
             if just_done:
-                self.prefixes.store(self._prefill_cache, p.seq.ctx[: p.total])
+                self.prefixes.store(self.ledger.offset(key), p.seq.ctx[: p.total])
         if s.can_admit():
-            s.admit()
-            self.cache.admit(self._prefill_cache, self.headroom)
+            seq = s.admit()
+            self.cache.attach(id(seq), self._prefill_cache.length)
             self._prefill_cache = None
         self.times.prefill_s += time.perf_counter() - t0
 

@@ -42,12 +42,13 @@ for 1 to 64 rows in `tests/lookahead/test_exact.py`.
 """
 
 import logging
-import os
 import types
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+
+from .kv_memory import host_available_bytes
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +68,6 @@ def _packed_supported() -> bool:
     except (AttributeError, RuntimeError):
         return False
     return True
-
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _fast_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
@@ -147,7 +137,7 @@ class FastLinears:
         if any(m.weight.device.type != "cpu" or m.weight.dtype not in PACK_DTYPES for m in linears):
             return False
         need = sum(m.weight.numel() * m.weight.element_size() for m in linears)
-        if need > PACK_MEMORY_SHARE * _available_bytes():
+        if need > PACK_MEMORY_SHARE * host_available_bytes():
             log.info("not packing linear weights for oneDNN: %.0f MB would exceed half the free memory", need / 2**20)
             return False
         log.info("packed linear weights for oneDNN (%.0f MB of copies)", need / 2**20)

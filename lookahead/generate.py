@@ -80,8 +80,11 @@ class LookaheadDecoder:
             from .scheduler import SchedulerConfig
 
             tokens = self.config.decoding_length + 1
+            # KV room for one request of the model's whole context (or twice 4,096 when unstated), not a device's
+            room = 2 * 4096 if self.runner.context_length is None else self.runner.context_length + tokens
             self._single = Engine(self, SchedulerConfig(max_batch_size=1, max_tokens_per_step=tokens,
-                                                        prefill_chunk=1 << 30, prefix_cache_mb=0))
+                                                        prefill_chunk=1 << 30, prefix_cache_mb=0,
+                                                        kv_cache_gb=room * self.runner.kv_shape.token_bytes / 2**30))
         return self._single
 
     def stream(self, prompt_ids: Seq[int], **kwargs) -> "GenerationStream":

@@ -42,6 +42,8 @@ class _SlotLayer(CacheLayerMixin):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _grow(self, needed: int) -> None:
+        if self.owner.fixed:
+            raise RuntimeError(f"a request's KV outgrew its reserved range ({self.keys.shape[-2]} entries)")
         cap = max(needed, 2 * self.keys.shape[-2])
         for name in ("keys", "values"):
             old = getattr(self, name)
@@ -64,7 +66,18 @@ class KVCache(Cache):
     def __init__(self, num_layers: int, capacity: int) -> None:
         self.length = 0  # committed entries
         self.capacity = capacity
+        self.fixed = False  # over a pool's range (`over`): it cannot grow
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+
+    @classmethod
+    def over(cls, views: list[tuple[torch.Tensor, torch.Tensor]]) -> "KVCache":
+        """A cache over given per-layer (keys, values), each [1, kv_heads, capacity, head_dim]: a request's
+        range of the engine's pool (`BatchKVCache.row_cache`). It writes in place and never grows."""
+        cache = cls(len(views), views[0][0].shape[2])
+        for layer, (k, v) in zip(cache.layers, views):
+            layer.keys, layer.values, layer.is_initialized = k, v, True
+        cache.fixed = True
+        return cache
 
     @torch.inference_mode()
     def commit(self, base: int, keep_rows: list[int]) -> None:

@@ -4,9 +4,10 @@ A request is admitted only when its worst case fits: prompt + max_tokens +
 the tree headroom a verification writes past the committed context, rounded
 up to whole blocks of `block_tokens`. The ledger reserves that many
 contiguous blocks for the request's life, so an admitted request can always
-finish: no preemption, no out-of-memory mid-generation. (The engine does
-not use it yet: it still allocates `batch_cache.py`'s layout, with no ledger;
-issue 16.) Reservations are first-fit; a release coalesces
+finish: no preemption, no out-of-memory mid-generation. The blocks are
+places in the engine's KV pool (`batch_cache.py`): a reservation is where
+the request's keys and values live. The prefix cache reserves its entries
+here too, so it is inside the same budget. Reservations are first-fit; a release coalesces
 with its free neighbours, so once the running requests leave, any request
 that fits the budget at all fits again. What a row actually holds (`hold`)
 grows inside its reservation; `used_bytes` and `peak_bytes` report that.
@@ -21,6 +22,7 @@ The budget, in order of precedence:
 Pure Python; no torch.
 """
 
+import os
 from dataclasses import dataclass, field
 from math import ceil
 
@@ -38,6 +40,11 @@ class KVShape:
     def token_bytes(self) -> int:
         return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
 
+    @property
+    def layer_token_bytes(self) -> int:
+        """One layer's keys and values of one token: what the batch's read staging holds per row position."""
+        return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
     @classmethod
     def of(cls, config, dtype_bytes: int) -> "KVShape":
         """From a transformers config (Llama, Mistral, Qwen2/3, Glm: the architectures the runner serves)."""
@@ -53,7 +60,7 @@ class DeviceMemory:
 
     total: int
     used: int  # in use once the weights are loaded, by this process and any other
-    forward_peak: int  # the most a forward of `max_tokens_per_step` tokens added above that
+    forward_peak: int  # the most a forward adds above that: measured at start, plus the read staging's bound
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,24 @@ class Budget:
     def __post_init__(self) -> None:
         if self.bytes < 0:
             raise ValueError(f"negative KV budget from {self.source}")
+
+
+def staging_bytes(shape: KVShape, rows: int, context: int) -> int:
+    """The most the batch cache's read staging can take: one layer's keys and values for `rows` rows of a
+    whole `context` (batch_cache.py gathers a multi-row batch's ranges there, one layer at a time)."""
+    return rows * context * shape.layer_token_bytes
+
+
+def host_available_bytes() -> int:
+    """RAM available to new allocations now (Linux `MemAvailable`; elsewhere the free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 HOST_SHARE = 0.25  # of the RAM available at start, when nothing else says: the rest is weights, activations, Ray
@@ -95,12 +120,20 @@ class KVLedger:
     _reserved: dict[object, tuple[int, int]] = field(default_factory=dict)  # request key -> (first block, blocks)
     _free: list[tuple[int, int]] = field(default_factory=list)  # free runs (first block, blocks), in block order
     _held: dict[object, int] = field(default_factory=dict)  # request key -> tokens its row holds now
+    _used_blocks: int = 0  # whole blocks the holders hold now, summed
     peak_bytes: int = 0  # the most held at once
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
         self._free = [(0, self.blocks)] if self.blocks else []
+
+    @classmethod
+    def for_rows(cls, shape: KVShape, rows: int, row_tokens: int, block_tokens: int = 16) -> "KVLedger":
+        """A ledger with room for exactly `rows` reservations of `row_tokens` each."""
+        blocks = rows * ceil(row_tokens / block_tokens)
+        return cls(shape, Budget(blocks * block_tokens * shape.token_bytes, f"{rows} rows of {row_tokens} tokens"),
+                   block_tokens)
 
     @property
     def block_bytes(self) -> int:
@@ -156,11 +189,12 @@ class KVLedger:
     def hold(self, key: object, tokens: int) -> None:
         """The request's row now holds `tokens` entries (its committed context plus this step's tree)."""
         assert self.blocks_for(tokens) <= self._reserved[key][1], "a row outgrew its reservation"
+        self._used_blocks += self.blocks_for(tokens) - self.blocks_for(self._held.get(key, 0))
         self._held[key] = tokens
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
     def release(self, key: object) -> None:
-        self._held.pop(key, None)
+        self._used_blocks -= self.blocks_for(self._held.pop(key, 0))
         got = self._reserved.pop(key, None)
         if got is None:
             return
@@ -180,8 +214,8 @@ class KVLedger:
 
     @property
     def used_bytes(self) -> int:
-        """Whole blocks the running rows hold now."""
-        return sum(self.blocks_for(t) for t in self._held.values()) * self.block_bytes
+        """Whole blocks the running rows (and the prefix cache's entries) hold now."""
+        return self._used_blocks * self.block_bytes
 
     def admissible(self, tokens: int) -> int:
         """How many requests of this worst case fit the whole budget at once."""

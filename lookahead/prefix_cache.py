@@ -5,10 +5,16 @@ every chat, make requests whose prompts start alike. Their prefill is the
 same computation: keys and values at positions 0..n-1 depend only on tokens
 0..n-1. The engine keeps the prompt KV of recent requests here and, when a
 new prompt starts with at least `min_tokens` of a kept prompt, copies those
-entries into the new request's cache and prefills only the rest.
+entries into the new request's range and prefills only the rest.
 
-Bounded by bytes, least recently used first out. A prompt that extends a kept
-one replaces it (it covers everything the shorter one could serve).
+Inside the KV budget: an entry is a range of the engine's pool, reserved in
+the same ledger as the running requests' ranges, and checked against the
+ledger and `max_bytes` before anything is copied. Least recently used out
+first, within `max_bytes`; and first out of all, when a waiting request
+needs room (`evict_one`, which the scheduler calls). A prompt that extends a
+kept one replaces it (it covers everything the shorter one could serve).
+Entries are copied on reuse, not shared in place: a request's range is
+contiguous, so it cannot point into another's.
 
 What it changes: time to first token and prefill compute, for lookahead on
 and off alike (the reuse happens before decoding starts). The reused KV was
@@ -19,10 +25,10 @@ losslessness tests run with it on.
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from .kv_cache import KVCache
+if TYPE_CHECKING:  # only its bookkeeping and `copy_range` are used here
+    from .batch_cache import BatchKVCache
 
 _BLOCK = 64  # tokens compared per list slice when finding a common prefix
 
@@ -38,19 +44,16 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return i
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: it is its own key in the ledger
 class PrefixEntry:
     tokens: list[int]  # the prompt tokens whose KV is held, in order
-    keys: list[torch.Tensor]  # per layer [kv_heads, len(tokens), head_dim]
-    values: list[torch.Tensor]  # per layer [kv_heads, len(tokens), head_dim]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+    nbytes: int  # the whole blocks its range takes from the budget
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, min_tokens: int = 32) -> None:
+    def __init__(self, pool: "BatchKVCache", max_bytes: int, min_tokens: int = 32) -> None:
+        self.pool = pool
+        self.ledger = pool.ledger
         self.max_bytes = max_bytes
         self.min_tokens = max(1, min_tokens)
         self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()  # insertion/LRU order, oldest first
@@ -67,8 +70,8 @@ class PrefixCache:
         return len(self._entries)
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0
+        while self.evict_one():
+            pass
 
     def _longest(self, tokens: list[int]) -> tuple[int | None, int]:
         best, best_n = None, 0
@@ -78,31 +81,25 @@ class PrefixCache:
                 best, best_n = key, n
         return best, best_n
 
-    @torch.inference_mode()
-    def load_into(self, cache: KVCache, tokens: list[int]) -> int:
-        """Copy the longest kept prefix of `tokens` into the empty `cache`; return how many tokens it covers."""
-        if not self.enabled or cache.length:
+    def load_into(self, dst: int, tokens: list[int]) -> int:
+        """Copy the longest kept prefix of `tokens` to pool slots [dst, ...) (an empty request range); return
+        how many tokens it covers."""
+        if not self.enabled:
             return 0
         key, n = self._longest(tokens)
         if key is None or n < self.min_tokens:
             return 0
         entry = self._entries[key]
         self._entries.move_to_end(key)
-        for layer, k, v in zip(cache.layers, entry.keys, entry.values):
-            if not layer.is_initialized:
-                layer.lazy_initialization(k[None, :, :1], v[None, :, :1])
-            layer.keys[0, :, :n] = k[:, :n]
-            layer.values[0, :, :n] = v[:, :n]
-        cache.length = n
+        self.pool.copy_range(self.ledger.offset(entry), dst, n)
         self.hits += 1
         self.reused_tokens += n
         return n
 
-    @torch.inference_mode()
-    def store(self, cache: KVCache, tokens: list[int]) -> None:
-        """Keep the KV of `tokens` (the first len(tokens) entries of `cache`) for later prompts."""
+    def store(self, src: int, tokens: list[int]) -> None:
+        """Keep the KV of `tokens`, held at pool slots [src, src + len(tokens)), for later prompts."""
         n = len(tokens)
-        if not self.enabled or n < self.min_tokens or cache.length < n:
+        if not self.enabled or n < self.min_tokens:
             return
         for key, entry in list(self._entries.items()):
             shared = common_prefix_length(entry.tokens, tokens)
@@ -111,17 +108,29 @@ class PrefixCache:
                 return
             if shared == len(entry.tokens):  # the new prompt extends a kept one: it replaces it
                 self._drop(key)
-        layers = [l for l in cache.layers if l.is_initialized]
-        size = sum((l.keys[0, :, :n].numel() + l.values[0, :, :n].numel()) * l.keys.element_size() for l in layers)
-        if size > self.max_bytes:  # sized before anything is copied: the bound holds at every moment
+        size = self.ledger.blocks_for(n) * self.ledger.block_bytes
+        if size > self.max_bytes:  # sized before anything is reserved or copied: the bounds hold at every moment
             return
-        while self._entries and self.bytes + size > self.max_bytes:
-            self._drop(next(iter(self._entries)))
-        entry = PrefixEntry(list(tokens), [l.keys[0, :, :n].clone() for l in layers],
-                            [l.values[0, :, :n].clone() for l in layers])
+        while self._entries and (self.bytes + size > self.max_bytes or not self.ledger.can_reserve(n)):
+            self.evict_one()
+        if not self.ledger.can_reserve(n):  # the running requests hold the room: they come first
+            return
+        entry = PrefixEntry(list(tokens), size)
+        self.ledger.reserve(entry, n)
+        self.ledger.hold(entry, n)
+        self.pool.copy_range(src, self.ledger.offset(entry), n)
         self._entries[self._next] = entry
         self._next += 1
-        self.bytes += entry.nbytes
+        self.bytes += size
+
+    def evict_one(self) -> bool:
+        """Drop the least recently used entry, freeing its range; False when there was none."""
+        if not self._entries:
+            return False
+        self._drop(next(iter(self._entries)))
+        return True
 
     def _drop(self, key: int) -> None:
-        self.bytes -= self._entries.pop(key).nbytes
+        entry = self._entries.pop(key)
+        self.ledger.release(entry)
+        self.bytes -= entry.nbytes

@@ -18,8 +18,9 @@ import torch
 from . import attention
 from .draft import DraftTree
 from .fast_linear import FastLinears
-from .batch_cache import BatchKVCache
+from .batch_cache import BatchKVCache, PoolLayout
 from .kv_cache import KVCache
+from .kv_memory import Budget, DeviceMemory, KVLedger, KVShape, host_available_bytes, kv_budget, staging_bytes
 from .sampling import SamplingParams, draw
 from .planner import layouts_of
 from .step_table import StepTable, bracket
@@ -172,8 +173,57 @@ class ModelRunner:
             logits = logits[-keep_last:]
         return logits.float()
 
-    def new_batch_cache(self, slots: int) -> BatchKVCache:
-        return BatchKVCache(self.num_layers, slots)
+    # ---- KV memory -------------------------------------------------------
+    @property
+    def kv_shape(self) -> KVShape:
+        return KVShape.of(self.model.config.get_text_config(), self.dtype.itemsize)
+
+    def layer_devices(self) -> tuple[torch.device, ...]:
+        """Each decoder layer's device (several with a `device_map` across GPUs); its KV lives there too."""
+        layers = getattr(self.model.get_decoder(), "layers", None) if hasattr(self.model, "get_decoder") else None
+        if layers is None or len(layers) != self.num_layers:
+            return (self.device,) * self.num_layers
+        return tuple(next(layer.parameters()).device for layer in layers)
+
+    def pool_layout(self) -> PoolLayout:
+        shape = self.kv_shape
+        return PoolLayout(shape.kv_heads, shape.head_dim, self.dtype, self.layer_devices())
+
+    def new_batch_cache(self, rows: int, row_tokens: int) -> BatchKVCache:
+        """A batch cache with room for `rows` requests of `row_tokens` entries each (start-up checks, the step
+        table's seed, tests); the engine sizes its own from the KV budget."""
+        return BatchKVCache(self.pool_layout(), KVLedger.for_rows(self.kv_shape, rows, row_tokens))
+
+    def measure_peak(self, fn):
+        """(fn(), the most device memory it allocated above what was in use before); 0 off CUDA."""
+        devices = sorted({d for d in self.layer_devices() if d.type == "cuda"}, key=str)
+        base = {}
+        for d in devices:
+            torch.cuda.synchronize(d)
+            torch.cuda.reset_peak_memory_stats(d)
+            base[d] = torch.cuda.memory_allocated(d)
+        out = fn()
+        return out, max((torch.cuda.max_memory_allocated(d) - base[d] for d in devices), default=0)
+
+    def kv_budget(self, kv_cache_gb: float | None, utilization: float, forward_peak: int,
+                  staging_rows: int) -> Budget:
+        """The KV budget (kv_memory.kv_budget's precedence). On CUDA, per device: its memory x `utilization`,
+        less what is in use now (the weights), the measured `forward_peak`, and the read staging's bound
+        (`staging_rows` rows of a full context, one layer); the pool holds every token on every device in
+        proportion to its layers, so the tightest device sets the budget."""
+        shape = self.kv_shape
+        devices = self.layer_devices()
+        if kv_cache_gb is not None or not any(d.type == "cuda" for d in devices):
+            return kv_budget(kv_cache_gb, utilization, None, host_available_bytes())
+        staging = staging_bytes(shape, staging_rows, self._max_positions())
+        tightest: tuple[float, Budget] | None = None
+        for d in sorted(set(devices), key=str):
+            free, total = torch.cuda.mem_get_info(d)
+            b = kv_budget(None, utilization, DeviceMemory(total, total - free, forward_peak + staging), 0)
+            share = devices.count(d) / len(devices)  # of every token's KV that this device holds
+            if tightest is None or b.bytes / share < tightest[0]:
+                tightest = (b.bytes / share, Budget(int(b.bytes / share), f"{d}: {b.source}"))
+        return tightest[1]
 
     def prefill(self, cache: KVCache, tokens: list[int]) -> None:
         """Commit `tokens` to the cache without computing their logits (the last one is left as the next root)."""
@@ -212,14 +262,14 @@ class ModelRunner:
                 out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                                  position_ids=inputs.position_ids, **kwargs)
             return BatchLogits(out.logits.float().flatten(0, 1), [b * width for b in range(len(trees))])
-        plan = cache.begin_forward(width, counts)
+        cache.begin_forward(width, counts)
+        row_of = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(self.device)  # [tokens]
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
-        layout = attention.RaggedQueries(len(trees), width, plan.row_of, slot_of,
-                                         counts, list(cache.lengths), split)
+        layout = attention.RaggedQueries(len(trees), width, row_of, slot_of, counts, list(cache.lengths), split)
         with torch.inference_mode(), self._active(layout):
-            out = self.model(input_ids=inputs.input_ids[plan.row_of, slot_of][None],
+            out = self.model(input_ids=inputs.input_ids[row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
-                             position_ids=inputs.position_ids[plan.row_of, slot_of][None], **kwargs)
+                             position_ids=inputs.position_ids[row_of, slot_of][None], **kwargs)
         return BatchLogits(out.logits[0].float(), layout.starts)
 
     # ---- start-up checks -------------------------------------------------
@@ -260,7 +310,7 @@ class ModelRunner:
     def _ragged_case(self, trees: list[DraftTree], prompts: list[list[int]]) -> bool:
         outs = []
         for ragged in (False, True):
-            cache = self.new_batch_cache(len(trees))
+            cache = self.new_batch_cache(len(trees), 16)
             for prompt in prompts[: len(trees)]:
                 single = self.new_cache(8)
                 self.prefill(single, prompt)
@@ -310,7 +360,7 @@ class ModelRunner:
         chain = lambda k: DraftTree(ctx[: k + 1], list(range(-1, k)), list(range(k + 1)), [1.0] * (k + 1))  # noqa: E731
         points: dict[tuple[str, int], dict[int, float]] = {}  # (layout, rows) -> {drafts in flight: ms}
         for r in rows_grid:
-            cache = self.new_batch_cache(r)
+            cache = self.new_batch_cache(r, context + max_width + 1)
             for _ in range(r):
                 cache.admit(single, max_width + 1)
             shapes = [("plain", 0, [chain(0)] * r)]

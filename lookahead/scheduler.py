@@ -11,11 +11,14 @@ place (the cache does the same), so rows stay contiguous.
 Admission by memory: with a `KVLedger`, the head of the queue starts its
 prefill only once its worst case (prompt + max_new_tokens + the tree
 headroom) is reserved; until then it and everyone behind it wait (FIFO, so a
-long request is never starved by short ones). The reservation is released
-when the request leaves.
+long request is never starved by short ones). Before it waits, the prefix
+cache gives up its entries (`make_room`), least recently used first: running
+requests come before kept prompts. The reservation is the request's range of
+the KV pool; it is released when the request leaves.
 """
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,8 +35,15 @@ class SchedulerConfig:
     prefill_chunk: int = 512  # prompt tokens prefilled per step
     prefix_cache_mb: int = 256  # KV of recent prompts kept for reuse by prompts that start alike (0 = off)
     ragged: bool = True  # each row sends only its own tree tokens (when the model allows); False = pad to one width
+    kv_cache_gb: float | None = None  # the KV budget (pool + prefix cache); None: from the device (kv_memory.py)
+    gpu_memory_utilization: float = 0.9  # on CUDA, the share of the device this replica may fill
 
     def __post_init__(self) -> None:
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
+            raise ValueError(f"invalid engine setting kv_cache_gb={self.kv_cache_gb!r}: must be > 0")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"invalid engine setting gpu_memory_utilization={self.gpu_memory_utilization!r}: "
+                             "must be in (0, 1]")
         for name in ("max_batch_size", "max_tokens_per_step", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"invalid engine setting {name}={getattr(self, name)!r}: must be >= 1")
@@ -67,6 +77,7 @@ class Scheduler:
     running: list["Sequence"] = field(default_factory=list)  # index = batch row
     ledger: KVLedger | None = None  # admission by memory; None: rows are the only limit
     headroom: int = 0  # KV entries a verification writes past a row's committed context
+    make_room: Callable[[], bool] | None = None  # frees something evictable (the prefix cache's oldest); False: none
 
     def worst_case(self, seq: "Sequence") -> int:
         """The most KV entries this request's row can ever hold."""
@@ -83,6 +94,8 @@ class Scheduler:
             head = self.waiting[0]
             if self.ledger is not None:
                 worst = self.worst_case(head)
+                while not self.ledger.can_reserve(worst) and self.make_room is not None and self.make_room():
+                    pass
                 if not self.ledger.can_reserve(worst):
                     return None  # waits for running requests to free their blocks
                 self.ledger.reserve(id(head), worst)

@@ -4,7 +4,8 @@ Checked here, at the ingress, against the model's config: parameters this
 server does not support, `max_tokens` against the model's limit, the number
 of stop strings, and per-request lookahead overrides against their bounds.
 The prompt's length in tokens is checked by the replica, which tokenizes
-(`check_context`, also pure).
+(`check_context` against the model's window, `check_budget` against the
+replica's KV budget; both pure).
 """
 
 import uuid
@@ -72,3 +73,19 @@ def check_context(prompt_tokens: int, job: Job, headroom: int, context: int | No
     raise Rejected(JobError(400, f"max_tokens={job.max_tokens} does not fit this model's {context}-token context: "
                                  f"the prompt has {prompt_tokens} tokens and drafts need {headroom} more; at most "
                                  f"{room} new tokens fit", "max_tokens"))
+
+
+def check_budget(prompt_tokens: int, job: Job, headroom: int, budget_tokens: int) -> None:
+    """The request's worst case must fit the replica's whole KV budget, or it could never start: refuse it
+    rather than let it wait for room that never comes. (One that fits waits in the queue for free room.)"""
+    worst = prompt_tokens + job.max_tokens + headroom
+    if worst <= budget_tokens:
+        return
+    if prompt_tokens + 1 + headroom > budget_tokens:
+        raise Rejected(JobError(400, f"the prompt has {prompt_tokens} tokens; with {headroom} tokens of draft "
+                                     f"headroom it does not fit this replica's KV budget of {budget_tokens} tokens "
+                                     "(memory.kv_cache_gb)", "messages" if job.messages is not None else "prompt"))
+    raise Rejected(JobError(400, f"max_tokens={job.max_tokens} does not fit this replica's KV budget of "
+                                 f"{budget_tokens} tokens (memory.kv_cache_gb): the prompt has {prompt_tokens} "
+                                 f"tokens and drafts need {headroom} more; at most "
+                                 f"{budget_tokens - prompt_tokens - headroom} new tokens fit", "max_tokens"))

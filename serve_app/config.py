@@ -76,6 +76,18 @@ class BatchingSettings(Strict):
         return self
 
 
+class MemorySettings(Strict):
+    """The replica's KV budget: its one pool holds the running requests' ranges and the prefix cache.
+
+    A request starts only when its worst case (prompt + max_tokens + draft headroom) fits what is free, and
+    waits in the queue until then; one that could never fit the whole budget gets a 400."""
+
+    kv_cache_gb: float | None = Field(None, gt=0)  # GiB of KV; wins on any device. None: from the device
+    # On CUDA, with no kv_cache_gb: the device's memory x this, less the weights, a measured forward's peak
+    # and the read staging, is the budget. On CPU, with no kv_cache_gb: a quarter of the RAM available at start.
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+
+
 class Limits(Strict):
     max_prompt_tokens: int = Field(4096, ge=1)
     max_new_tokens: int = Field(1024, ge=1)  # the largest `max_tokens` a request may ask for
@@ -126,6 +138,7 @@ class ModelConfig(Strict):
     torch_threads: int | None = Field(None, ge=1)  # CPU threads for this replica's torch
     lookahead: LookaheadSettings = LookaheadSettings()
     batching: BatchingSettings = BatchingSettings()
+    memory: MemorySettings = MemorySettings()
     limits: Limits = Limits()
     deployment: DeploymentOptions = DeploymentOptions()
 

@@ -4,6 +4,7 @@
     POST /v1/chat/completions   chat completion, streamed (SSE) or not
     GET  /v1/models             the configured model names
     GET  /health                200 while the ingress is up
+    GET  /stats                 per model, the KV memory and queue of the replica that answers
 
 Errors are JSON bodies in OpenAI's shape, `{"error": {"message", "type",
 "param", "code"}}`: 400 for malformed JSON, wrong types, values out of range,
@@ -96,6 +97,7 @@ class Ingress:
         self.board = CancelBoard.options(scheduling_strategy=here).remote()
         cfgs = {m.name: m for m in config.models}
         cap = config.ingress.max_ongoing_requests
+        self.handles = handles
         self.routes = {name: ModelRoute(cfgs[name], handle, self.board, cap) for name, handle in handles.items()}
 
     def reconfigure(self, user_config: dict) -> None:
@@ -106,6 +108,18 @@ class Ingress:
     @app.get("/health")
     async def health(self) -> dict:
         return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats(self) -> dict:
+        """Per model: kv_budget_bytes, kv_used_bytes, kv_peak_bytes, prefix_cache_bytes, running and waiting,
+        from whichever of its replicas answers (behind the API key when keys are set)."""
+        out = {}
+        for name in self.routes:
+            try:
+                out[name] = await self.handles[name].kv_stats.remote()
+            except Exception as e:  # noqa: BLE001 - one model's trouble must not hide the others
+                out[name] = {"error": f"{type(e).__name__}: {e}"}
+        return {"models": out}
 
     @app.get("/v1/models")
     async def models(self) -> dict:

@@ -16,9 +16,25 @@ Ray exports them with the rest of its metrics on each node's metrics agent
     ray_lookahead_decode_steps_total          engine decode steps by `kind`: drafting (verified drafts) |
                                               plain (the budget found no draft worth its price) |
                                               held (the payoff check kept the batch plain: nothing proposed)
+    ray_lookahead_kv_budget_bytes             the replica's KV budget (GET /stats has the same values)
+    ray_lookahead_kv_used_bytes               held by running requests and the prefix cache
+    ray_lookahead_kv_peak_bytes               the most held at once since start
+    ray_lookahead_prefix_cache_bytes          held by the prefix cache
+    ray_lookahead_running                     requests being prefilled or decoded
+    ray_lookahead_waiting                     requests queued for KV room or a row
 """
 
 from ray.serve.metrics import Counter, Gauge, Histogram
+
+
+MEMORY_GAUGES = (
+    ("kv_budget_bytes", "The replica's KV budget in bytes"),
+    ("kv_used_bytes", "KV bytes held by running requests and the prefix cache"),
+    ("kv_peak_bytes", "The most KV bytes held at once since start"),
+    ("prefix_cache_bytes", "KV bytes held by the prefix cache"),
+    ("running", "Requests being prefilled or decoded"),
+    ("waiting", "Requests queued for KV room or a batch row"),
+)
 
 
 class ReplicaMetrics:
@@ -36,6 +52,7 @@ class ReplicaMetrics:
                               tag_keys=("model",))
         self.steps = Counter("lookahead_decode_steps", "Engine decode steps by kind: drafting | plain | held",
                              tag_keys=("model", "kind"))
+        self.memory = {name: Gauge(f"lookahead_{name}", doc, tag_keys=("model",)) for name, doc in MEMORY_GAUGES}
         self._steps_seen: dict[str, int] = {}
         self.model = model
         self.tags = {"model": model}
@@ -58,6 +75,11 @@ class ReplicaMetrics:
 
     def set_queue(self, queue: float) -> None:
         self.queue.set(queue, tags=self.tags)
+
+    def set_memory(self, stats) -> None:
+        """The engine's `MemoryStats` onto the gauges."""
+        for name, gauge in self.memory.items():
+            gauge.set(float(getattr(stats, name)), tags=self.tags)
 
     def engine_steps(self, totals: dict[str, int]) -> None:
         """Bring the step counters up to the engine's running totals (read from its thread; counters only grow)."""

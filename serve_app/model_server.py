@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import ray
 import torch
@@ -37,7 +37,7 @@ from lookahead.trie_store import TrieFileError, load as load_memory, save as sav
 from .autoscaling import ENGINE_QUEUE
 from .config import ModelConfig
 from .detokenize import Detokenizer
-from .admission import check_context
+from .admission import check_budget, check_context
 from .jobs import Event, Job, JobError, Rejected, Usage
 from .metrics import ReplicaMetrics
 
@@ -83,12 +83,16 @@ class LookaheadModel:
                                 stop_words=stop_words, adaptive=la.adaptive, memory_max_nodes=la.memory_max_nodes)
         self.default_la = bound.with_overrides(decoding_length=la.decoding_length, branch_length=la.branch_length)
         decoder = LookaheadDecoder(runner, bound, self.tokenizer, eos_token_ids=lm.eos_token_ids)
-        b = cfg.batching
+        b, mem = cfg.batching, cfg.memory
         self.engine = Engine(decoder, SchedulerConfig(max_batch_size=b.max_batch_size,
                                                       max_tokens_per_step=b.max_tokens_per_step,
                                                       prefill_chunk=b.prefill_chunk,
                                                       prefix_cache_mb=b.prefix_cache_mb,
-                                                      ragged=b.ragged)).start()
+                                                      ragged=b.ragged, kv_cache_gb=mem.kv_cache_gb,
+                                                      gpu_memory_utilization=mem.gpu_memory_utilization)).start()
+        led = self.engine.ledger
+        log.info("model %s: KV budget %d tokens = %d bytes (%s)", cfg.name, led.token_capacity,
+                 led.blocks * led.block_bytes, led.budget.source)
         self.metrics = ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.completed = 0  # requests this replica generated to their end (stop or length)
@@ -106,6 +110,7 @@ class LookaheadModel:
         queue = float(self.engine.active_requests)
         self.metrics.set_queue(queue)
         self.metrics.engine_steps(dict(self.engine.decode_steps))
+        self.metrics.set_memory(self.engine.memory_stats())
         return {ENGINE_QUEUE: queue}
 
     def check_health(self) -> None:
@@ -155,6 +160,12 @@ class LookaheadModel:
     async def memory_info(self) -> dict:
         return {"tag": self.memory_tag, "nodes": self.engine.decoder.memory.node_count,
                 "path": self.cfg.lookahead.memory_path}
+
+    async def kv_stats(self) -> dict:
+        """This replica's KV memory and queue (`GET /stats`); the Prometheus gauges get the same values."""
+        st = self.engine.memory_stats()
+        self.metrics.set_memory(st)
+        return asdict(st)
 
     # ---- requests ----------------------------------------------------------
     async def queue_length(self) -> int:
@@ -223,6 +234,7 @@ class LookaheadModel:
         if not ids:
             raise Rejected(JobError(400, "the prompt is empty", "prompt"))
         check_context(len(ids), job, self.engine.headroom, self.context)
+        check_budget(len(ids), job, self.engine.headroom, self.engine.ledger.token_capacity)
         la = self.default_la.with_overrides(enabled=job.lookahead_enabled, decoding_length=job.decoding_length,
                                             branch_length=job.branch_length)
         sampling = SamplingParams(do_sample=job.temperature > 0, temperature=job.temperature or 1.0,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCriteria
-from lookahead.engine import Engine, EngineStopped
+from lookahead.engine import Engine, EngineStopped, ExceedsBudget
 from lookahead.step_table import StepTable
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
@@ -151,21 +151,40 @@ def test_lookahead_off_per_request_in_the_same_engine():
     assert r_off.stats.draft_tokens == 0
 
 
-def test_kv_memory_stays_bounded_across_many_requests():
-    model, engine = make_engine()
-    peak = 0
-    for i in range(200):  # a long run of joins and leaves
-        h = engine.add_request(PROMPTS[i % len(PROMPTS)] * (1 + i % 4), stop=StopCriteria(8 + i % 13))
-        if i % 3 == 0:
-            drain(engine, [h])
-        peak = max(peak, engine.cache.memory_bytes())
-    while not engine.scheduler.idle():
+def test_kv_memory_is_the_tokens_held_within_the_budget_and_all_comes_back():
+    probe = make_engine()[1]
+    token_bytes, headroom = probe.ledger.shape.token_bytes, probe.headroom
+    worst = max(len(p) * 4 for p in PROMPTS) + 20 + headroom  # the longest request below, in KV entries
+    budget_gb = 2.5 * worst * token_bytes / 2**30  # two of the longest at once, not four: memory binds, not rows
+    model, engine = make_engine(kv_cache_gb=budget_gb, prefix_cache_mb=0)
+    led = engine.ledger
+    handles, memory_bound = [], False
+    for i in range(60):  # a long run of joins and leaves
+        prompt = PROMPTS[i % len(PROMPTS)] * (1 + i % 4)
+        handles.append(engine.add_request(prompt, stop=StopCriteria(8 + i % 13)))
         engine.step()
-    cfg = model.config
-    per_entry = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
-    longest = max(len(p) * 4 for p in PROMPTS) + 21 + engine.headroom
-    assert peak <= engine.config.max_batch_size * 4 * longest * per_entry
-    assert engine.cache.rows == 0
+        s = engine.scheduler
+        running = s.running
+        memory_bound |= bool(s.waiting) and s.prefilling is None and len(running) < 4  # a free row, but no room
+        held = sum(led.blocks_for(l) for l in engine.cache.lengths) * led.block_bytes
+        assert led.used_bytes >= held  # every row's committed entries are counted, in whole blocks
+        assert sum(led.reserved_tokens(id(q)) for q in running) <= led.token_capacity
+    results = drain(engine, handles, max_steps=5000)
+    assert led.peak_bytes <= led.blocks * led.block_bytes
+    assert memory_bound  # at times the budget, not the four rows, bounded the batch
+    assert led.used_bytes == 0 and led.free_blocks == led.blocks  # every range came back, coalesced
+    for i in range(0, 60, 7):
+        prompt = PROMPTS[i % len(PROMPTS)] * (1 + i % 4)
+        assert results[i].tokens == hf_greedy(model, prompt, 8 + i % 13)
+
+
+def test_a_request_that_could_never_fit_the_budget_is_refused_naming_it():
+    probe = make_engine()[1]
+    budget_gb = 64 * probe.ledger.shape.token_bytes / 2**30
+    _, engine = make_engine(kv_cache_gb=budget_gb)
+    with pytest.raises(ExceedsBudget, match="KV budget holds 64"):
+        engine.add_request(list(range(1, 40)), stop=StopCriteria(30))
+    assert engine.scheduler.idle()
 
 
 def test_background_thread_serves_asyncio_clients():

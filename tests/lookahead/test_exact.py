@@ -86,14 +86,14 @@ def test_tree_and_batch_rows_are_bitwise_the_plain_steps(family):
     drafts = [[5, 3, 5, 8], [], [9, 7]]
     trees = [DraftTree([p[-1], *d], list(range(-1, len(d))), list(range(len(d) + 1)), [1.0] * (len(d) + 1))
              for p, d in zip(prompts, drafts)]
-    cache = runner.new_batch_cache(len(prompts))
+    cache = runner.new_batch_cache(len(prompts), max(len(p) for p in prompts) + 8)
     for p in prompts:
         single = runner.new_cache(len(p) + 8)
         runner.prefill(single, p[:-1])
         cache.admit(single, 8)
     width = max(len(t.tokens) for t in trees)
     for ragged in (True, False):
-        batch_cache = cache if ragged else runner.new_batch_cache(len(prompts))
+        batch_cache = cache if ragged else runner.new_batch_cache(len(prompts), max(len(p) for p in prompts) + 8)
         if not ragged:
             for p in prompts:
                 single = runner.new_cache(len(p) + 8)

@@ -52,8 +52,8 @@ def test_packing_is_skipped_when_the_copies_would_crowd_memory(monkeypatch):
         pytest.skip("this torch has no oneDNN linear")
     m = model(False)
     weights = sum(l.weight.numel() * 4 for l in m)
-    monkeypatch.setattr(fast_linear, "_available_bytes", lambda: weights)  # copies would take 100% of free memory
+    monkeypatch.setattr(fast_linear, "host_available_bytes", lambda: weights)  # copies would take 100% of free memory
     assert not FastLinears(m, enabled=True).packed
-    monkeypatch.setattr(fast_linear, "_available_bytes", lambda: 100 * weights)
+    monkeypatch.setattr(fast_linear, "host_available_bytes", lambda: 100 * weights)
     assert FastLinears(model(False), enabled=True).packed
     assert not FastLinears(model(False).to(torch.float64), enabled=True).packed  # fp32 only

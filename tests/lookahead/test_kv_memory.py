@@ -10,16 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from lookahead.config import LookaheadConfig
 from lookahead.convert import chatglm3, qwen1
-from lookahead.kv_memory import Budget, DeviceMemory, KVLedger, KVShape, kv_budget
+from lookahead.kv_memory import Budget, DeviceMemory, KVLedger, KVShape, kv_budget, staging_bytes
 from lookahead.sampling import SamplingParams
 from lookahead.scheduler import Scheduler, SchedulerConfig
 from lookahead.sequence import Sequence, StopCriteria
+from serve_app.config import AppConfig
 
 DATA = Path(__file__).parent / "data"
+CONFIGS = Path(__file__).parents[2] / "configs"
 GiB = 2**30
 FLAGSHIPS = {"qwen-14b-chat": qwen1, "chatglm3-6b": chatglm3}
 
@@ -84,16 +87,26 @@ def test_the_plan_admits_what_fits_and_never_more(name, gib):
     assert admit_all(s) == expected and len(s.waiting) == 4
 
 
-def test_the_flagship_arithmetic_on_an_80_gb_card():
-    # What configs/qwen14b.yaml's comments state: ~26.4 GiB of bf16 weights leave room for 6 requests of
-    # a 6k prompt + 2k new tokens (8.2k tokens x 0.82 MB = 6.3 GiB each) in 72 GiB x 0.9 of an 80 GiB card.
-    config = native("qwen-14b-chat")
-    assert 26 * GiB < weight_bytes(config) < 27 * GiB
-    ledger = KVLedger(KVShape.of(config, 2), kv_budget(None, 0.9, DeviceMemory(80 * GiB, weight_bytes(config) + GiB // 2, GiB), 0))
-    assert ledger.admissible(6144 + 2048 + 65) == 6
-    glm = native("chatglm3-6b")
-    ledger = KVLedger(KVShape.of(glm, 2), kv_budget(None, 0.9, DeviceMemory(80 * GiB, weight_bytes(glm) + GiB // 2, GiB), 0))
-    assert ledger.admissible(6144 + 2048 + 65) > 32  # GQA with 2 groups: the batch size, not memory, binds
+@pytest.mark.parametrize("name,config_file,gib,worst_cases", [
+    ("qwen-14b-chat", "qwen14b.yaml", 80, 6), ("qwen-14b-chat", "qwen14b.yaml", 141, 14),
+    ("chatglm3-6b", "chatglm3-6b.yaml", 80, 35)])
+def test_the_gpu_configs_fit_as_their_comments_say(name, config_file, gib, worst_cases):
+    """configs/*.yaml's memory settings on the card, with the checkpoint's weights sized on the meta device, a
+    CUDA context of 0.5 GiB and a 1 GiB forward peak: the worst-case requests their comments state fit at once,
+    the prefix cache fits inside the budget, and everything together stays within the device's share."""
+    args = yaml.safe_load((CONFIGS / config_file).read_text())["applications"][0]["args"]
+    cfg = AppConfig.model_validate(args).models[0]
+    config = native(name)
+    shape = KVShape.of(config, 2)
+    weights = weight_bytes(config)
+    staging = staging_bytes(shape, cfg.batching.max_batch_size, config.max_position_embeddings)
+    device = DeviceMemory(gib * GiB, weights + GiB // 2, GiB + staging)
+    budget = kv_budget(cfg.memory.kv_cache_gb, cfg.memory.gpu_memory_utilization, device, 0)
+    ledger = KVLedger(shape, budget)
+    worst = cfg.limits.max_prompt_tokens + cfg.limits.max_new_tokens + cfg.lookahead.decoding_length_bound + 1
+    assert ledger.admissible(worst) == worst_cases
+    assert cfg.batching.prefix_cache_mb * 2**20 < budget.bytes
+    assert weights + GiB // 2 + GiB + staging + budget.bytes <= gib * GiB * cfg.memory.gpu_memory_utilization
 
 
 def test_a_request_waits_for_memory_and_the_queue_stays_fifo():

@@ -22,7 +22,7 @@ SPLIT_PROMPTS = PROMPTS + [[8, 1, 1], [5]]
 
 
 def batch(runner, prompts):
-    cache = runner.new_batch_cache(len(prompts))
+    cache = runner.new_batch_cache(len(prompts), max(len(p) for p in prompts) + 8)
     for p in prompts:
         single = runner.new_cache(len(p) + 8)
         runner.prefill(single, p)
