@@ -138,6 +138,7 @@ class ModelRunner:
         self._exact_linears = self._fast.exact  # prepared on CPU only (fast_linear.py); CUDA keeps cuBLAS
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
         self.clock = DeviceClock(self.device)
+        self.forward_peak = 0  # bytes, the most a measured forward allocated (measure_peak; CUDA only)
 
     @contextmanager
     def _active(self, ragged: attention.RaggedQueries | None = None, exact: bool = True):
@@ -195,7 +196,9 @@ class ModelRunner:
         return BatchKVCache(self.pool_layout(), KVLedger.for_rows(self.kv_shape, rows, row_tokens))
 
     def measure_peak(self, fn):
-        """(fn(), the most device memory it allocated above what was in use before); 0 off CUDA."""
+        """(fn(), the most device memory a forward has allocated above what was in use before it); 0 off CUDA.
+        The most seen by any call so far: an engine whose step table was seeded by an earlier one runs no forward
+        here, and gets that one's peak."""
         devices = sorted({d for d in self.layer_devices() if d.type == "cuda"}, key=str)
         base = {}
         for d in devices:
@@ -203,7 +206,9 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(d)
             base[d] = torch.cuda.memory_allocated(d)
         out = fn()
-        return out, max((torch.cuda.max_memory_allocated(d) - base[d] for d in devices), default=0)
+        peak = max((torch.cuda.max_memory_allocated(d) - base[d] for d in devices), default=0)
+        self.forward_peak = max(self.forward_peak, peak)
+        return out, self.forward_peak
 
     def kv_budget(self, kv_cache_gb: float | None, utilization: float, forward_peak: int,
                   staging_rows: int) -> Budget:

@@ -73,10 +73,11 @@ def test_ragged_keys_land_where_padded_ones_do():
         caches[ragged] = batch(runner, PROMPTS)
         runner.verify_batch(caches[ragged], TREES, width, ragged=ragged)
     for b, (tree, prompt) in enumerate(zip(TREES, PROMPTS)):
-        real = slice(0, len(prompt) + len(tree.tokens))  # the committed context and this row's own tree
+        n = len(prompt) + len(tree.tokens)  # the committed context and this row's own tree, in the row's range
+        at = {ragged: slice(c.offsets[b], c.offsets[b] + n) for ragged, c in caches.items()}
         for lp, lr in zip(caches[False].layers, caches[True].layers):
-            torch.testing.assert_close(lr.keys[b, :, real], lp.keys[b, :, real], atol=1e-5, rtol=1e-4)
-            torch.testing.assert_close(lr.values[b, :, real], lp.values[b, :, real], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(lr.keys[at[True]], lp.keys[at[False]], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(lr.values[at[True]], lp.values[at[False]], atol=1e-5, rtol=1e-4)
 
 
 def test_models_outside_the_packed_attention_stay_padded():

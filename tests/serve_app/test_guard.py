@@ -55,6 +55,8 @@ def test_api_keys_gate_everything_but_health():
     assert call(g, headers=[(b"authorization", b"s3cret")])[0] == 401
     assert call(g, headers=[(b"authorization", b"Bearer s3cret")])[:2] == (200, b"{}")
     assert call(g, path="/health")[0] == 200
+    assert call(g, path="/stats")[0] == 401  # the replicas' memory and queue are for operators, behind the key
+    assert call(g, path="/stats", headers=[(b"authorization", b"Bearer s3cret")])[0] == 200
 
 
 def test_no_keys_means_open():
