@@ -153,7 +153,12 @@ def startup(sz: Sizes, dl: Deadline) -> dict:
         names = {e.key for e in prof.key_averages()}
         entry["attention_kernels"] = sorted(n for n in names if any(k in n.lower() for k in
                                                                    ("attention", "sdpa", "flash", "fmha", "softmax")))
-        sequential = [runner_logits(runner, prompt + ref[:i]) for i in range(len(tree.tokens))]
+        plain = runner.new_cache(len(prompt) + 16)  # the same tokens one forward each, as plain decoding runs them
+        runner.prefill(plain, prompt[:-1])
+        sequential = []
+        for t in tree.tokens:
+            sequential.append(runner.verify(plain, DraftTree([t], [-1], [0], [1.0]))[0])
+            plain.commit(plain.length, [0])
         entry["max_abs_dlogit_tree_vs_sequential"] = max(
             float((tree_logits[i] - s).abs().max()) for i, s in enumerate(sequential))
         out[dtype] = entry
@@ -278,7 +283,7 @@ def load(sz: Sizes, dl: Deadline) -> dict:
     while not all(h.done for h in handles) and not dl.passed:
         s = engine.scheduler  # with nothing to prefill, the step is the batch's decode alone
         decoding = bool(s.running) and s.prefilling is None and not s.waiting
-        before = len(device_ms)
+        before, decoded = len(device_ms), sum(engine.decode_steps.values())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if sz.device == "cuda":
@@ -288,12 +293,13 @@ def load(sz: Sizes, dl: Deadline) -> dict:
             step_ms = (time.perf_counter() - t0) * 1e3
             if sz.device == "cuda":
                 torch.cuda.set_sync_debug_mode("default")
-        if decoding and len(device_ms) > before:  # a pure decode step: its device time was recorded
+        if decoding and sum(engine.decode_steps.values()) > decoded:  # a decode step and nothing else
             steps += 1
             wall += step_ms
-            host_ms.append(step_ms - device_ms[-1])
+            if len(device_ms) > before:  # CUDA: its device time was recorded
+                host_ms.append(step_ms - device_ms[-1])
             syncs.append(sum("synchroniz" in str(w.message) for w in caught))
-    busy = sum(device_ms[-steps:]) / wall if steps and wall else None
+    busy = sum(device_ms[-len(host_ms):]) / wall if host_ms and wall else None
     return {"requests": n, "decode_steps": steps, "gpu_busy_fraction": busy if sz.device == "cuda" else None,
             "host_ms_per_step": sum(host_ms) / len(host_ms) if host_ms and sz.device == "cuda" else None,
             "wall_ms_per_step": wall / steps if steps else None,

@@ -32,7 +32,8 @@ def test_startup_finds_the_masks_honoured_and_the_tree_equal_to_sequential_in_fp
     a = smoke["A_startup"]["result"]
     assert a["float32"]["mask_checks"] is True and a["bfloat16"]["mask_checks"] is True
     assert a["float32"]["max_abs_dlogit_tree_vs_sequential"] < 1e-3
-    assert a["bfloat16"]["exact"] is True  # half precision takes the exact path by default
+    assert a["bfloat16"]["exact"] is True  # half precision takes the exact path by default: the same bits
+    assert a["bfloat16"]["max_abs_dlogit_tree_vs_sequential"] == 0.0
 
 
 def test_agreement_is_token_for_token_in_both_dtypes(smoke):

@@ -12,7 +12,7 @@ for set in humaneval narrativeqa; do
     tag=$set-$arm$n
     echo "$tag start $(date +%T)"
     (cd "$dir" && $py -m lookahead.bench --model smollm2-135m-instruct --prompts benchmarks/prompts/$set.jsonl \
-      --limit 16 --max-new-tokens 64 --chat --concurrency 1,4,16 --repeats 1 --min-seconds 25 --warmup 1 \
+      --limit 16 --max-new-tokens 64 --chat --concurrency 1,4,16 --repeats 1 --min-seconds 15 --warmup 1 \
       --json "$out/$tag.json" > "$out/$tag.log" 2>&1)
     echo "$tag done $(date +%T)"; grep "^concurrency" "$out/$tag.log"
   done
