@@ -5,7 +5,7 @@
 #   bash docs/bench/stop32/ab.sh OLD_DIR NEW_DIR OUT_DIR     (PY: the python to use; default the repo's .venv)
 old=$1; new=$2; out=$3; py=${PY:-$(git -C "$(dirname "$0")" rev-parse --show-toplevel)/.venv/bin/python}
 mkdir -p "$out"
-for set in humaneval narrativeqa; do
+for set in ${SETS:-humaneval narrativeqa}; do
   for arm in old new new old; do
     dir=$old; [ $arm = new ] && dir=$new
     n=$(ls "$out" | grep -c "^$set-$arm")
