@@ -52,19 +52,18 @@ def main() -> None:
                 k = slots[:, :, :kv]
                 F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
 
-        def gather_index():
-            for _ in range(LAYERS):
-                for _kv in range(2):
-                    torch.index_select(token_major, 0, index, out=staging_t)
-                k = staging_t.view(rows, kv, KV_HEADS, DIM).transpose(1, 2)
-                F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+        def gather(pool, dim, staging, as_batch):
+            """Keys and values gathered along the pool's token dim `dim`, then one batched SDPA, per layer."""
+            def run():
+                for _ in range(LAYERS):
+                    for _kv in range(2):
+                        torch.index_select(pool, dim, index, out=staging)
+                    k = as_batch(staging)
+                    F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+            return run
 
-        def gather_heads():
-            for _ in range(LAYERS):
-                for _kv in range(2):
-                    torch.index_select(head_major, 1, index, out=staging_h)
-                k = staging_h.view(KV_HEADS, rows, kv, DIM).transpose(0, 1)
-                F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+        gather_index = gather(token_major, 0, staging_t, lambda s: s.view(rows, kv, KV_HEADS, DIM).transpose(1, 2))
+        gather_heads = gather(head_major, 1, staging_h, lambda s: s.view(KV_HEADS, rows, kv, DIM).transpose(0, 1))
 
         def per_row():
             for _ in range(LAYERS):

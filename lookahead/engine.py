@@ -159,7 +159,7 @@ class Engine:
         self.scheduler = Scheduler(config, ledger=self.ledger, headroom=self.headroom,
                                    make_room=self.prefixes.evict_one)
         log.info("KV budget: %d tokens, %.3f GiB (%s; %d bytes a token)", self.ledger.token_capacity,
-                 self.ledger.blocks * self.ledger.block_bytes / 2**30, self.ledger.budget.source,
+                 self.ledger.capacity_bytes / 2**30, self.ledger.budget.source,
                  self.ledger.shape.token_bytes)
         self._handles: dict[int, RequestHandle] = {}  # id(seq) -> handle
         self._inbox: deque[RequestHandle] = deque()
@@ -257,7 +257,7 @@ class Engine:
 
     def memory_stats(self) -> MemoryStats:
         s, led = self.scheduler, self.ledger
-        return MemoryStats(led.blocks * led.block_bytes, led.used_bytes, led.peak_bytes, self.prefixes.bytes,
+        return MemoryStats(led.capacity_bytes, led.used_bytes, led.peak_bytes, self.prefixes.bytes,
                            len(s.running) + (s.prefilling is not None), len(self._inbox) + len(s.waiting))
 
     @property

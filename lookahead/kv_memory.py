@@ -144,6 +144,11 @@ class KVLedger:
         return self.budget.bytes // self.block_bytes
 
     @property
+    def capacity_bytes(self) -> int:
+        """What the pool holds: the budget's whole blocks."""
+        return self.blocks * self.block_bytes
+
+    @property
     def token_capacity(self) -> int:
         return self.blocks * self.block_tokens
 

@@ -92,7 +92,7 @@ class LookaheadModel:
                                                       gpu_memory_utilization=mem.gpu_memory_utilization)).start()
         led = self.engine.ledger
         log.info("model %s: KV budget %d tokens = %d bytes (%s)", cfg.name, led.token_capacity,
-                 led.blocks * led.block_bytes, led.budget.source)
+                 led.capacity_bytes, led.budget.source)
         self.metrics = ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.completed = 0  # requests this replica generated to their end (stop or length)

@@ -170,7 +170,7 @@ def test_kv_memory_is_the_tokens_held_within_the_budget_and_all_comes_back():
         assert led.used_bytes >= held  # every row's committed entries are counted, in whole blocks
         assert sum(led.reserved_tokens(id(q)) for q in running) <= led.token_capacity
     results = drain(engine, handles, max_steps=5000)
-    assert led.peak_bytes <= led.blocks * led.block_bytes
+    assert led.peak_bytes <= led.capacity_bytes
     assert memory_bound  # at times the budget, not the four rows, bounded the batch
     assert led.used_bytes == 0 and led.free_blocks == led.blocks  # every range came back, coalesced
     for i in range(0, 60, 7):
