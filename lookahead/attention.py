@@ -85,6 +85,9 @@ class AttentionSwitch:
     on: bool = False
     ragged: RaggedQueries | None = None
     exact: bool = False  # this forward attends through `exact_sdpa` (the runner sets it per forward)
+    # The batch cache's ForwardPlan when its rows are read in place: the layers' update() then returns the pool
+    # itself ([pool_tokens, kv_heads, dim]) and `_paged_sdpa` reads each row at plan.read's offsets.
+    paged: object | None = None
 
 
 def _ragged_sdpa(module, query, key, value, attention_mask, scaling, layout: RaggedQueries, attend=None):
@@ -123,6 +126,8 @@ def packed_tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
     if switch is None or not switch.on:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if switch.paged is not None:
+        return _paged_sdpa(query, key, value, attention_mask, scaling, switch, kwargs)
     if switch.exact and kwargs.get("softcap") is None and kwargs.get("position_bias") is None:
         if switch.ragged is not None:
             return _ragged_sdpa(module, query, key, value, attention_mask, scaling, switch.ragged, exact_sdpa)
@@ -133,6 +138,20 @@ def packed_tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
         return _ragged_sdpa(module, query, key, value, attention_mask, scaling, switch.ragged)
     return _tree_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                       is_causal=is_causal, **kwargs)
+
+
+def _paged_sdpa(query, key, value, attention_mask, scaling, switch: AttentionSwitch, kwargs):
+    """query [b, heads, q, dim]: packed ([1, heads, tokens, dim]) or padded ([rows, heads, width, dim]), row after row
+    either way; key/value: the pool, [pool_tokens, kv_heads, dim]; mask bool [rows, 1, width, kv_len]. Out
+    [b, q, heads, dim]. Exact forwards take the kernel's float64 path (exact_sdpa's arithmetic)."""
+    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        raise ValueError("paged attention has no softcap or position bias (runner.pool_layout keeps such models out)")
+    plan = switch.paged
+    b, heads, q_len, d = query.shape
+    packed = query.transpose(1, 2).reshape(b * q_len, heads, d)  # [tokens, heads, dim]
+    out = plan.kernel.attend(packed, key, value, plan.read, attention_mask,
+                             scaling if scaling is not None else d ** -0.5, wide=switch.exact)
+    return out.view(b, q_len, heads, d), None
 
 
 def _tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):

@@ -16,13 +16,16 @@ width Q) at its positions `[lengths[b], lengths[b] + Q)`. A ragged forward
 (`begin_forward(width, counts)`) sends only each row's own `counts[b]`
 tokens, packed into one sequence; its keys and values go to the same places.
 
-Attention reads `[rows, kv_heads, kv_len, head_dim]`, every row's entries at
-positions 0..kv_len-1, as the batch's 4D mask is laid out. One row: a view
-of its range, no copy. Several rows: their ranges are gathered into a
-staging buffer per device (`index_select`, one copy of what attention reads
-next; the buffer is reused by every layer, so it costs one layer's worth of
-rows x kv_len, not the batch's). Positions past what a row has written point
-at its last written entry: masked, and always finite values.
+Attention reads every row's entries at positions 0..kv_len-1, as the batch's
+4D mask is laid out. One row: a view of its range, no copy. Several rows on
+the CPU: the pool itself, read in place by `paged_attention` from each row's
+offset and length (`ForwardPlan.read`). Several rows elsewhere (or with no
+compiler for that kernel): their ranges are gathered into a staging buffer
+per device as `[rows, kv_heads, kv_len, head_dim]` (`index_select`, one copy
+of what attention reads next; the buffer is reused by every layer, so it
+costs one layer's worth of rows x kv_len, not the batch's). Positions past
+what a row has written point at its last written entry: masked, and always
+finite values.
 
 The rows' bookkeeping mirrors the scheduler's: rows 0..n-1 are the running
 requests, and a leaving row is refilled by the last one.
@@ -33,12 +36,14 @@ import ctypes.util
 import sys
 from dataclasses import dataclass, field
 from functools import cache
+from itertools import accumulate
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .kv_cache import KVCache
 from .kv_memory import KVLedger
+from .paged_attention import PagedKernel, PoolRead, kernel
 
 
 @dataclass
@@ -51,8 +56,10 @@ class ForwardPlan:
     kv_len: int  # attention reads positions 0..kv_len-1 of every row
     ragged: bool
     dst: torch.Tensor  # [batch * tokens] pool slot of each key-state entry, in [batch, tokens] order
-    src: torch.Tensor | None  # [rows * kv_len] pool slot read for each (row, position); None: one row, a view
+    src: torch.Tensor | None  # [rows * kv_len] pool slot gathered for each (row, position); None: a view, or `read`
     first: int  # one row: where its range starts
+    read: PoolRead | None = None  # several rows read in place (paged_attention): update() returns the pool itself
+    kernel: PagedKernel | None = None  # what reads it (with `read`)
     _on: dict = field(default_factory=dict)  # device -> (dst, src) there (layers may sit on several devices)
 
     def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -83,6 +90,8 @@ class _PoolLayer(CacheLayerMixin):
         dst, src = p.on(self.keys.device)
         for pool, new in ((self.keys, key_states), (self.values, value_states)):
             pool.index_copy_(0, dst, new.transpose(1, 2).flatten(0, 1))  # [batch * tokens, heads, dim]
+        if p.read is not None:
+            return self.keys, self.values  # [pool_tokens, heads, dim]: attention reads it at p.read's offsets
         if src is None:
             view = lambda t: t[p.first : p.first + p.kv_len].transpose(0, 1)[None]  # noqa: E731
             return view(self.keys), view(self.values)
@@ -137,6 +146,7 @@ class PoolLayout:
     head_dim: int
     dtype: torch.dtype
     devices: tuple[torch.device, ...]  # [layers] each layer's device
+    in_place: bool = False  # the model's attention takes the pool itself (runner: attention.install hooked it)
 
 
 class BatchKVCache(Cache):
@@ -152,6 +162,9 @@ class BatchKVCache(Cache):
         self._owned: set = set()  # keys this cache reserved itself (`admit`), released when their row leaves
         self._staging: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.plan: ForwardPlan | None = None
+        self.paged: PagedKernel | None = None  # several rows read the pool in place with this (else: gathered)
+        if layout.in_place and all(PagedKernel.supports(d, layout.dtype, layout.head_dim) for d in layout.devices):
+            self.paged = kernel()
         super().__init__(layers=layers)
 
     @property
@@ -180,13 +193,18 @@ class BatchKVCache(Cache):
         kv_len = max(self.lengths) + width
         starts = [o + l for o, l in zip(self.offsets, self.lengths)]  # [rows] first pool slot this forward writes
         dst = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, sent)])  # [batch * tokens]
-        src = None
-        if n > 1:
+        src = read = None
+        if n > 1 and self.paged is not None:
+            starts = [0, *accumulate(sent[:-1])] if counts is not None else range(0, n * width, width)
+            read = PoolRead(torch.tensor(self.offsets), torch.tensor([l + c for l, c in zip(self.lengths, sent)]),
+                            torch.tensor(starts), torch.tensor(sent))
+        elif n > 1:
             pos = torch.arange(kv_len)[None, :]  # [1, kv_len]
             last = torch.tensor([l + c - 1 for l, c in zip(self.lengths, sent)])[:, None]  # [rows, 1]
             src = (torch.tensor(self.offsets)[:, None] + torch.minimum(pos, last)).flatten()  # [rows * kv_len]
         batch, tokens = (1, sum(sent)) if counts is not None else (n, width)
-        self.plan = ForwardPlan(batch, tokens, n, kv_len, counts is not None, dst, src, self.offsets[0])
+        self.plan = ForwardPlan(batch, tokens, n, kv_len, counts is not None, dst, src, self.offsets[0], read,
+                                self.paged if read is not None else None)
         for key, l, c in zip(self.keys_of, self.lengths, sent):
             self.ledger.hold(key, l + c)
         return self.plan

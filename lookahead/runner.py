@@ -141,16 +141,17 @@ class ModelRunner:
         self.forward_peak = 0  # bytes, the most a measured forward allocated (measure_peak; CUDA only)
 
     @contextmanager
-    def _active(self, ragged: attention.RaggedQueries | None = None, exact: bool = True):
+    def _active(self, ragged: attention.RaggedQueries | None = None, exact: bool = True, paged=None):
         """The runner's own forward: fast linears and tree attention on (the stock paths stay for everyone else).
-        `exact=False`: this forward takes the stock kernels even on an exact runner (prefill, below)."""
-        self._attn.on, self._attn.ragged = True, ragged
+        `exact=False`: this forward takes the stock kernels even on an exact runner (prefill, below).
+        `paged`: the batch cache's plan when attention reads its pool in place (ForwardPlan.read)."""
+        self._attn.on, self._attn.ragged, self._attn.paged = True, ragged, paged
         self._attn.exact, self._fast.exact = exact and self.exact, exact and self._exact_linears
         try:
             with self._fast.active():
                 yield
         finally:
-            self._attn.on, self._attn.ragged = False, None
+            self._attn.on, self._attn.ragged, self._attn.paged = False, None, None
             self._attn.exact, self._fast.exact = self.exact, self._exact_linears
 
     # ---- forwards --------------------------------------------------------
@@ -188,7 +189,9 @@ class ModelRunner:
 
     def pool_layout(self) -> PoolLayout:
         shape = self.kv_shape
-        return PoolLayout(shape.kv_heads, shape.head_dim, self.dtype, self.layer_devices())
+        soft = getattr(self.model.config, "attn_logit_softcapping", None)  # not in the paged kernel's arithmetic
+        return PoolLayout(shape.kv_heads, shape.head_dim, self.dtype, self.layer_devices(),
+                          in_place=self.packed_attention and soft is None)
 
     def new_batch_cache(self, rows: int, row_tokens: int) -> BatchKVCache:
         """A batch cache with room for `rows` requests of `row_tokens` entries each (start-up checks, the step
@@ -262,16 +265,16 @@ class ModelRunner:
         kwargs = {self._cache_kw: cache, "use_cache": True}
         counts = [len(t.tokens) for t in trees]
         if not (ragged and self.ragged) or all(c == width for c in counts):
-            cache.begin_forward(width)
-            with torch.inference_mode(), self._active():
+            plan = cache.begin_forward(width)
+            with torch.inference_mode(), self._active(paged=plan if plan.read is not None else None):
                 out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                                  position_ids=inputs.position_ids, **kwargs)
             return BatchLogits(out.logits.float().flatten(0, 1), [b * width for b in range(len(trees))])
-        cache.begin_forward(width, counts)
+        plan = cache.begin_forward(width, counts)
         row_of = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(self.device)  # [tokens]
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
         layout = attention.RaggedQueries(len(trees), width, row_of, slot_of, counts, list(cache.lengths), split)
-        with torch.inference_mode(), self._active(layout):
+        with torch.inference_mode(), self._active(layout, paged=plan if plan.read is not None else None):
             out = self.model(input_ids=inputs.input_ids[row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
                              position_ids=inputs.position_ids[row_of, slot_of][None], **kwargs)

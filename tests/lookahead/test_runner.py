@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lookahead import attention
+from lookahead import attention, batch_cache
 from lookahead.planner import split_attention
 from lookahead.draft import DraftTree
 from lookahead.runner import DeviceClock, ModelRunner
@@ -35,7 +35,12 @@ def batch(runner, prompts):
                                                          (SPLIT_TREES, SPLIT_PROMPTS, True, None),
                                                          (SPLIT_TREES, SPLIT_PROMPTS, True, False)],
                          ids=["padded-attention", "split-attention", "packed-where-split-may-run"])
-def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, allowed, split, monkeypatch):
+@pytest.mark.parametrize("read", ["in-place", "gathered"])
+def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, allowed, split, read, monkeypatch):
+    """In place (paged_attention): every layout is one kernel call reading each row's own keys. Gathered (no kernel:
+    CUDA, or no compiler): the layout the plan asked for runs."""
+    if read == "gathered":
+        monkeypatch.setattr(batch_cache, "kernel", lambda: None)
     runner = ModelRunner(tiny(family))
     runner.check_tree_masks()
     assert runner.ragged
@@ -43,11 +48,14 @@ def test_ragged_forward_equals_padded_and_alone(family, trees, prompts, allowed,
     width = max(len(t.tokens) for t in trees)
     padded = runner.verify_batch(batch(runner, prompts), trees, width, ragged=False)
     cache = batch(runner, prompts)
-    calls = []
-    row_by_row = attention._split_sdpa
+    calls, paged = [], []
+    row_by_row, in_place = attention._split_sdpa, attention._paged_sdpa
     monkeypatch.setattr(attention, "_split_sdpa", lambda *a, **k: calls.append(1) or row_by_row(*a, **k))
+    monkeypatch.setattr(attention, "_paged_sdpa", lambda *a, **k: paged.append(1) or in_place(*a, **k))
     ragged = runner.verify_batch(cache, trees, width, ragged=True, split=split)
-    assert bool(calls) == (allowed if split is None else split)  # the layout asked for is the one that ran
+    assert bool(paged) == (read == "in-place") == (cache.paged is not None)
+    if read == "gathered":
+        assert bool(calls) == (allowed if split is None else split)  # the layout asked for is the one that ran
     assert cache.plan.ragged and cache.plan.tokens == sum(len(t.tokens) for t in trees)
     for b, (tree, prompt) in enumerate(zip(trees, prompts)):
         n = len(tree.tokens)
@@ -99,13 +107,14 @@ def test_a_second_runner_on_one_model_shares_the_first_ones_attention_path():
     assert second.ragged
     cache = batch(second, PROMPTS)
     calls = []
-    real = attention._ragged_sdpa
+    real = attention._ragged_sdpa, attention._paged_sdpa
     try:
-        attention._ragged_sdpa = lambda *a, **k: calls.append(1) or real(*a, **k)
+        attention._ragged_sdpa = lambda *a, **k: calls.append(1) or real[0](*a, **k)
+        attention._paged_sdpa = lambda *a, **k: calls.append(1) or real[1](*a, **k)
         second.verify_batch(cache, TREES, 4, ragged=True)
     finally:
-        attention._ragged_sdpa = real
-    assert calls  # the path serving runs
+        attention._ragged_sdpa, attention._paged_sdpa = real
+    assert calls  # the path serving runs (rows read in place, or gathered where there is no kernel)
 
 
 def test_the_mask_check_tolerance_fits_the_dtype_and_still_catches_a_leak():
