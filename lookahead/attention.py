@@ -29,15 +29,21 @@ Exact attention (half-precision models; `AttentionSwitch.exact`). Stock
 kernels reduce over the keys in blocks whose bounds depend on how many
 queries and keys a call has, so in bf16 a token's output differs by a
 rounding step between a one-token plain forward and a tree verification,
-and near-ties flip (the token-equality promise breaks). `exact_sdpa`
-computes every query's scores, softmax and weighted sum in float64 from the
-bf16 inputs: a product of two bf16 numbers is exact there, and whatever
-order the sums run in, their error is ~2^-50 relative, far below the bf16
-step (2^-8) the result is rounded to. So each query's output is a function
-of its own keys and mask alone, whatever else shares the call. Every decode
-forward (plain steps, trees, ragged or split batches) takes it, so plain
-decoding and lookahead are one computation; prefill keeps stock SDPA (both
-prefill a prompt alike: runner.prefill).
+and near-ties flip (the token-equality promise breaks). Every decode forward
+(plain steps, trees, ragged or split batches, a single row or many) takes an
+attention whose every query's output is a function of its own keys and mask
+alone, whatever else shares the call, so plain decoding and lookahead are
+one computation; prefill keeps stock SDPA (both prefill a prompt alike:
+runner.prefill).
+- On the CPU, the paged kernel (`paged_attention.py`): float32, with the dot
+  products, the normaliser and the weighted sum each in one fixed order over
+  the keys, and masked keys adding exact zeros. It reads the pool in place
+  for several rows and any view otherwise (`_exact_kernel_sdpa`).
+- Elsewhere, or with no compiler, `exact_sdpa`: every query's scores,
+  softmax and weighted sum in float64 from the bf16 inputs. A product of two
+  bf16 numbers is exact there, and whatever order the sums run in, their
+  error is ~2^-50 relative, far below the bf16 step (2^-8) the result is
+  rounded to.
 """
 
 from dataclasses import dataclass, field
@@ -49,6 +55,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from . import paged_attention
 from .planner import split_attention
 
 NAME = "lookahead_sdpa"
@@ -129,6 +136,10 @@ def packed_tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
     if switch.paged is not None:
         return _paged_sdpa(query, key, value, attention_mask, scaling, switch, kwargs)
     if switch.exact and kwargs.get("softcap") is None and kwargs.get("position_bias") is None:
+        native = paged_attention.kernel()
+        if (native is not None and native.supports(key.device, key.dtype, key.shape[-1])
+                and (attention_mask is None or attention_mask.dtype == torch.bool)):
+            return _exact_kernel_sdpa(native, query, key, value, attention_mask, scaling, switch.ragged)
         if switch.ragged is not None:
             return _ragged_sdpa(module, query, key, value, attention_mask, scaling, switch.ragged, exact_sdpa)
         return exact_sdpa(module, query, key, value, attention_mask, scaling=scaling)
@@ -149,8 +160,27 @@ def _paged_sdpa(query, key, value, attention_mask, scaling, switch: AttentionSwi
     plan = switch.paged
     b, heads, q_len, d = query.shape
     packed = query.transpose(1, 2).reshape(b * q_len, heads, d)  # [tokens, heads, dim]
-    out = plan.kernel.attend(packed, key, value, plan.read, attention_mask,
-                             scaling if scaling is not None else d ** -0.5, wide=switch.exact)
+    out = plan.kernel.attend(packed, key, value, plan.read, attention_mask, scaling if scaling is not None else d ** -0.5)
+    return out.view(b, q_len, heads, d), None
+
+
+def _exact_kernel_sdpa(native, query, key, value, attention_mask, scaling, ragged: RaggedQueries | None):
+    """Exact attention over views, through the paged kernel (its arithmetic is exact; see the module docstring).
+    query [b, heads, q, dim] (ragged: [1, heads, tokens, dim], packed row after row); key/value
+    [rows, kv_heads, kv_len, dim]; mask bool [rows, 1, q or width, kv_len], or None: causal, the queries being the
+    last q keys. Out [b, q, heads, dim]."""
+    b, heads, q_len, d = query.shape
+    rows, kv_len = key.shape[0], key.shape[2]
+    if attention_mask is None:
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    mask = attention_mask.expand(rows, 1, attention_mask.shape[-2], kv_len)
+    if ragged is not None:
+        starts, counts = ragged.starts, ragged.counts
+    else:
+        starts, counts = [r * q_len for r in range(rows)], [q_len] * rows
+    packed = query.transpose(1, 2).reshape(b * q_len, heads, d)  # [tokens, heads, dim]
+    out = native.attend(packed, key, value, paged_attention.view_read(key, starts, counts), mask,
+                        scaling if scaling is not None else d ** -0.5)
     return out.view(b, q_len, heads, d), None
 
 

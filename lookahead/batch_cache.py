@@ -34,6 +34,7 @@ requests, and a leaving row is refilled by the last one.
 import ctypes
 import ctypes.util
 import sys
+import weakref
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import accumulate
@@ -74,10 +75,8 @@ class _PoolLayer(CacheLayerMixin):
 
     def __init__(self, owner: "BatchKVCache", keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
-        self.owner = owner
+        self.owner = weakref.proxy(owner)  # no cycle: the cache goes (and its pool to the spare) when dropped
         self.keys, self.values = keys, values  # [pool_tokens, kv_heads, head_dim]
-        for t in (keys, values):
-            _huge_pages(t)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -138,6 +137,31 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
+# One spare pool per layout: the tensors of the last pool no cache holds any more, taken by the next cache of that
+# layout that fits in it. A process that builds engines one after another (a benchmark's levels, tests) then writes
+# into memory it has already touched, as a long-running replica does; the first write to a fresh page is a fault,
+# and on this project's VM first touches run at 0.5-4 GB/s against ~25 GB/s for memory touched before
+# (benchmarks/kv_pool_step.py measured the faults). At most one spare per layout is kept.
+_SPARE: dict["PoolLayout", list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def _pool_tensors(owner: object, layout: "PoolLayout", tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values), each [tokens, kv_heads, head_dim]: views of the spare pool when it is big enough,
+    else new ones; when `owner` is collected, the whole tensors become the layout's spare."""
+    spare = _SPARE.get(layout)
+    if spare is not None and spare[0][0].shape[0] >= tokens:
+        whole = _SPARE.pop(layout)
+    else:
+        shape = (tokens, layout.kv_heads, layout.head_dim)
+        whole = [(torch.empty(shape, dtype=layout.dtype, device=d), torch.empty(shape, dtype=layout.dtype, device=d))
+                 for d in layout.devices]
+        for pair in whole:
+            for t in pair:
+                _huge_pages(t)
+    weakref.finalize(owner, _SPARE.__setitem__, layout, whole)
+    return [(k[:tokens], v[:tokens]) for k, v in whole]
+
+
 @dataclass(frozen=True)
 class PoolLayout:
     """What one layer's pool holds per token, and where: from the model (runner.pool_layout)."""
@@ -153,9 +177,7 @@ class BatchKVCache(Cache):
     def __init__(self, layout: PoolLayout, ledger: KVLedger) -> None:
         self.ledger = ledger
         self.pool_tokens = ledger.token_capacity
-        shape = (self.pool_tokens, layout.kv_heads, layout.head_dim)
-        layers = [_PoolLayer(self, torch.empty(shape, dtype=layout.dtype, device=d),
-                             torch.empty(shape, dtype=layout.dtype, device=d)) for d in layout.devices]
+        layers = [_PoolLayer(self, k, v) for k, v in _pool_tensors(self, layout, self.pool_tokens)]
         self.keys_of: list[object] = []  # [rows] each row's ledger key
         self.offsets: list[int] = []  # [rows] where each row's range starts in the pool
         self.lengths: list[int] = []  # [rows] committed entries of running rows 0..n-1
@@ -196,8 +218,10 @@ class BatchKVCache(Cache):
         src = read = None
         if n > 1 and self.paged is not None:
             starts = [0, *accumulate(sent[:-1])] if counts is not None else range(0, n * width, width)
-            read = PoolRead(torch.tensor(self.offsets), torch.tensor([l + c for l, c in zip(self.lengths, sent)]),
-                            torch.tensor(starts), torch.tensor(sent))
+            token = self.layers[0].keys.stride(0)  # elements per pool slot
+            read = PoolRead(torch.tensor(self.offsets) * token,
+                            torch.tensor([l + c for l, c in zip(self.lengths, sent)]), torch.tensor(starts),
+                            torch.tensor(sent))
         elif n > 1:
             pos = torch.arange(kv_len)[None, :]  # [1, kv_len]
             last = torch.tensor([l + c - 1 for l, c in zip(self.lengths, sent)])[:, None]  # [rows, 1]

@@ -31,7 +31,9 @@ Used as a context manager around the runner's own forwards, so plain
 Exact linears (half-precision models on CPU; the runner's `exact`). oneDNN's
 bf16 GEMM accumulates in fp32 in an order that depends on the row count, so
 now and then a row's bf16 output differs by one step between a one-token
-forward and a tree. `_exact_linear` keeps an fp32 copy of each weight, cut
+forward and a tree. Where the native kernel builds (`exact_linear.py`), it
+multiplies the half-precision weight as it is, each output summed in one
+fixed order. Otherwise `_exact_linear` keeps an fp32 copy of each weight, cut
 along the input dimension into blocks of `EXACT_BLOCK`, multiplies every
 block in one batched matmul (a product of two bf16 numbers is exact in
 fp32, and up to 128 long a block's sum runs in the same order for any row
@@ -48,6 +50,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from . import exact_linear
 from .kv_memory import host_available_bytes
 
 log = logging.getLogger(__name__)
@@ -96,7 +99,9 @@ def exact_blocks(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _exact_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
-    blocks = mod._lookahead_exact  # [blocks, block, out]
+    blocks = mod._lookahead_exact  # [blocks, block, out], or None: the native kernel
+    if blocks is None:
+        return exact_linear.kernel()(x, mod.weight, mod._lookahead_bias)
     n, block, out_f = blocks.shape
     flat = x.reshape(-1, n, block).float().transpose(0, 1)  # [blocks, rows, block]
     y = torch.bmm(flat, blocks).sum(0)  # [rows, out]: the blocks' partial sums, added in block order
@@ -115,8 +120,13 @@ class FastLinears:
         self.exact = exact
         linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear]
         if exact:
+            native = exact_linear.kernel()
             for mod in linears:
-                mod._lookahead_exact = exact_blocks(mod.weight)
+                if native is not None and native.supports(mod.weight):
+                    mod._lookahead_exact = None
+                    mod._lookahead_bias = None if mod.bias is None else mod.bias.detach().float().contiguous()
+                else:
+                    mod._lookahead_exact = exact_blocks(mod.weight)
                 mod.forward = types.MethodType(self._make_forward(), mod)
             return
         if not enabled:

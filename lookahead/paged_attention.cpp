@@ -1,8 +1,11 @@
-// Attention that reads each row's keys and values in place from a token-major KV pool (lookahead/paged_attention.py).
+// Attention that reads each row's keys and values where they lie (lookahead/paged_attention.py): rows at any
+// offsets of the batch cache's token-major pool, or any [rows, kv_heads, len, dim] view.
 //
-// One task per (row, KV head): the row's queries of that head's group, packed as [group * count, dim], attend to
-// keys pool[offset + j], j < kv_len, under the row's mask. float32 accumulation with vectorized blocks (the default),
-// or float64 throughout ("wide": exact attention, the same arithmetic whatever else shares the batch).
+// A task is one row's KV heads: its queries of each head's group, packed as the rows of one small matrix, against
+// the row's keys, in float32 with vectorized blocks. Every query's output is a function of its own visible keys
+// (in order) alone: its scores are one dot product per key in a fixed order, its maximum is a maximum, its
+// normaliser and weighted sum run over the keys in order (a masked key adds an exact zero). So a token gets the
+// same bits verified alone, inside a tree or inside a batch: what exact attention needs (attention.py).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,10 +21,9 @@ struct bf16 { uint16_t bits; };
 inline float widen(float x) { return x; }
 inline float widen(bf16 x) { uint32_t u = uint32_t(x.bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 inline float widen(_Float16 x) { return float(x); }
-inline void narrow(double a, float* p) { *p = float(a); }
-inline void narrow(double a, _Float16* p) { *p = _Float16(float(a)); }
-inline void narrow(double a, bf16* p) {  // via float32, then to nearest even, as torch's .to(bfloat16) rounds
-  const float f = float(a);
+inline void narrow(float a, float* p) { *p = a; }
+inline void narrow(float a, _Float16* p) { *p = _Float16(a); }
+inline void narrow(float f, bf16* p) {  // to nearest even, as torch's .to(bfloat16) rounds
   uint32_t u; std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) { p->bits = uint16_t((u >> 16) | 0x40); return; }
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -29,11 +31,12 @@ inline void narrow(double a, bf16* p) {  // via float32, then to nearest even, a
 }
 
 struct Args {
-  const void* q; const void* k; const void* v; void* out;  // q, out [tokens, heads, dim]; k, v [pool, kv_heads, dim]
-  const int64_t* offsets; const int64_t* kv_lens;           // [rows] pool slot of the row's key 0; keys it reads
+  const void* q; const void* k; const void* v; void* out;  // q, out [tokens, heads, dim]; k, v: see the strides
+  const int64_t* bases; const int64_t* kv_lens;             // [rows] element offset of the row's key 0; keys it reads
   const int64_t* starts; const int64_t* counts;              // [rows] the row's queries in the packed tokens
   const uint8_t* mask; int64_t mask_row, mask_slot;          // row b's query s sees key j iff mask[b*mask_row + s*mask_slot + j]
   int64_t rows, heads, kv_heads, dim; double scale;
+  int64_t tok_stride, head_stride;                           // elements from key j to j + 1, from head h to h + 1
 };
 
 typedef float f8 __attribute__((vector_size(32)));
@@ -117,10 +120,10 @@ inline void pv_rows(float* acc, const float* p, int64_t npad, const float* vb, i
 // KV heads [h0, h1) of row b. Keys and values are read a block of JB tokens at a time, each token's slice for these
 // heads in one contiguous run, so the pool streams through once.
 template <typename T>
-void attend_fast(const Args& a, int64_t b, int64_t h0, int64_t h1, Scratch& s) {
+void attend(const Args& a, int64_t b, int64_t h0, int64_t h1, Scratch& s) {
   const T* q = static_cast<const T*>(a.q); T* out = static_cast<T*>(a.out);
   const int64_t G = a.heads / a.kv_heads, C = a.counts[b], Q = G * C, D = a.dim, n = a.kv_lens[b], NH = h1 - h0;
-  const int64_t npad = (n + JB - 1) / JB * JB, tok = a.kv_heads * D;
+  const int64_t npad = (n + JB - 1) / JB * JB, tok = a.tok_stride, hs = a.head_stride;
   s.qf.resize(NH * Q * D); s.kt.resize(NH * D * JB); s.vb.resize(NH * JB * D); s.sc.resize(NH * Q * npad);
   s.acc.assign(NH * Q * D, 0.0f); s.tot.assign(NH * Q, 0.0f);
   const float scale = float(a.scale);
@@ -131,14 +134,14 @@ void attend_fast(const Args& a, int64_t b, int64_t h0, int64_t h1, Scratch& s) {
         float* dst = &s.qf[(h * Q + c * G + g) * D];
         for (int64_t d = 0; d < D; ++d) dst[d] = widen(src[d]) * scale;
       }
-  const T* kbase = static_cast<const T*>(a.k) + (a.offsets[b] * a.kv_heads + h0) * D;
-  const T* vbase = static_cast<const T*>(a.v) + (a.offsets[b] * a.kv_heads + h0) * D;
+  const T* kbase = static_cast<const T*>(a.k) + a.bases[b] + h0 * hs;
+  const T* vbase = static_cast<const T*>(a.v) + a.bases[b] + h0 * hs;
   for (int64_t j0 = 0; j0 < n; j0 += JB) {  // scores: a block of keys, transposed to kt[h][d][jj], against every query
     const int64_t jn = n - j0 < JB ? n - j0 : JB;
     for (int64_t jj = 0; jj < JB; ++jj) {
       const T* kp = kbase + (j0 + jj) * tok;
       for (int64_t h = 0; h < NH; ++h)
-        for (int64_t d = 0; d < D; ++d) s.kt[(h * D + d) * JB + jj] = jj < jn ? widen(kp[h * D + d]) : 0.0f;
+        for (int64_t d = 0; d < D; ++d) s.kt[(h * D + d) * JB + jj] = jj < jn ? widen(kp[h * hs + d]) : 0.0f;
     }
     for (int64_t h = 0; h < NH; ++h) {
       int64_t i = 0;
@@ -159,13 +162,9 @@ void attend_fast(const Args& a, int64_t b, int64_t h0, int64_t h1, Scratch& s) {
           mx = row[j] > mx ? row[j] : mx;
         }
         if (mx == ninf) { for (int64_t j = 0; j < npad; ++j) row[j] = 0.0f; continue; }
-        f8 sum = splat(0);
-        for (int64_t j = 0; j < npad; j += W) {
-          const f8 e = exp_neg(load(row + j) - splat(mx));
-          store(row + j, e); sum += e;
-        }
-        float t = 0;
-        for (int u = 0; u < W; ++u) t += sum[u];
+        for (int64_t j = 0; j < npad; j += W) store(row + j, exp_neg(load(row + j) - splat(mx)));
+        float t = 0;  // in key order, whatever the row's length: the same sum alone or in a tree
+        for (int64_t j = 0; j < n; ++j) t += row[j];
         s.tot[i] = t;
       }
     }
@@ -174,7 +173,7 @@ void attend_fast(const Args& a, int64_t b, int64_t h0, int64_t h1, Scratch& s) {
     for (int64_t jj = 0; jj < jn; ++jj) {
       const T* vp = vbase + (j0 + jj) * tok;
       for (int64_t h = 0; h < NH; ++h)
-        for (int64_t d = 0; d < D; ++d) s.vb[(h * JB + jj) * D + d] = widen(vp[h * D + d]);
+        for (int64_t d = 0; d < D; ++d) s.vb[(h * JB + jj) * D + d] = widen(vp[h * hs + d]);
     }
     for (int64_t h = 0; h < NH; ++h) {
       const float* vb = &s.vb[h * JB * D];
@@ -193,44 +192,8 @@ void attend_fast(const Args& a, int64_t b, int64_t h0, int64_t h1, Scratch& s) {
       }
 }
 
-template <typename T>  // float64 throughout: each query's output depends on its own keys and mask alone
-void attend_wide(const Args& a, int64_t b, int64_t kh) {
-  const T* q = static_cast<const T*>(a.q); T* out = static_cast<T*>(a.out);
-  const int64_t G = a.heads / a.kv_heads, C = a.counts[b], D = a.dim, n = a.kv_lens[b], tok = a.kv_heads * D;
-  const T* kbase = static_cast<const T*>(a.k) + (a.offsets[b] * a.kv_heads + kh) * D;
-  const T* vbase = static_cast<const T*>(a.v) + (a.offsets[b] * a.kv_heads + kh) * D;
-  std::vector<double> x(D), sc(n), acc(D);
-  for (int64_t c = 0; c < C; ++c) {
-    const uint8_t* m = a.mask + b * a.mask_row + c * a.mask_slot;
-    for (int64_t g = 0; g < G; ++g) {
-      const T* src = q + ((a.starts[b] + c) * a.heads + kh * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) x[d] = widen(src[d]);
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        double dot = 0;
-        const T* kp = kbase + j * tok;
-        for (int64_t d = 0; d < D; ++d) dot += x[d] * double(widen(kp[d]));
-        sc[j] = m[j] ? dot * a.scale : -std::numeric_limits<double>::infinity();
-        mx = sc[j] > mx ? sc[j] : mx;
-      }
-      double tot = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      if (mx != -std::numeric_limits<double>::infinity())
-        for (int64_t j = 0; j < n; ++j) {
-          if (!m[j]) continue;
-          const double p = std::exp(sc[j] - mx);
-          tot += p;
-          const T* vp = vbase + j * tok;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * double(widen(vp[d]));
-        }
-      T* dst = out + ((a.starts[b] + c) * a.heads + kh * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) narrow(tot > 0 ? acc[d] / tot : 0.0, dst + d);
-    }
-  }
-}
-
 template <typename T>
-void run(const Args& a, bool wide) {
+void run(const Args& a) {
   // A task is a row's KV heads, all of them while there are rows enough to keep every thread busy (the row's
   // range then streams through once); one head each when there are few rows.
   const int64_t per_row = a.rows >= 2 * omp_get_max_threads() ? 1 : a.kv_heads;
@@ -241,23 +204,20 @@ void run(const Args& a, bool wide) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t b = t / per_row, h0 = t % per_row * span;
-      if (wide)
-        for (int64_t h = h0; h < h0 + span; ++h) attend_wide<T>(a, b, h);
-      else
-        attend_fast<T>(a, b, h0, h0 + span, s);
+      attend<T>(a, b, h0, h0 + span, s);
     }
   }
 }
 
 }  // namespace
 
-// dtype: 0 float32, 1 bfloat16, 2 float16. wide: float64 arithmetic (exact attention). Returns 0, or 1 for a bad call.
-extern "C" int la_paged_attention(const Args* a, int dtype, int wide) {
+// dtype: 0 float32, 1 bfloat16, 2 float16. Returns 0, or 1 for a call it has no path for.
+extern "C" int la_paged_attention(const Args* a, int dtype) {
   if (a->dim % W != 0 || a->heads % a->kv_heads != 0) return 1;
   switch (dtype) {
-    case 0: run<float>(*a, wide); return 0;
-    case 1: run<bf16>(*a, wide); return 0;
-    case 2: run<_Float16>(*a, wide); return 0;
+    case 0: run<float>(*a); return 0;
+    case 1: run<bf16>(*a); return 0;
+    case 2: run<_Float16>(*a); return 0;
   }
   return 1;
 }

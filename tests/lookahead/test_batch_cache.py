@@ -1,8 +1,10 @@
 """The batch cache over one KV pool: rows anywhere in the pool read as if alone, joining and leaving move no KV,
 a row never writes outside its range, and what attention reads past a row's entries is always finite."""
 
+import pytest
 import torch
 
+from lookahead import batch_cache
 from lookahead.draft import DraftTree
 from lookahead.runner import ModelRunner
 
@@ -34,7 +36,12 @@ def admit(runner, cache, prompt):
     return cache.admit(single, 16)
 
 
-def test_rows_scattered_over_the_pool_read_as_if_alone_over_nan_garbage():
+@pytest.mark.parametrize("read", ["in-place", "gathered"])
+def test_rows_scattered_over_the_pool_read_as_if_alone_over_nan_garbage(read, monkeypatch):
+    """In place: attention reads the pool at each row's offset (paged_attention). Gathered: the rows are copied into
+    a [rows, heads, kv_len, dim] staging buffer first (no kernel: CUDA, or no compiler)."""
+    if read == "gathered":
+        monkeypatch.setattr(batch_cache, "kernel", lambda: None)
     runner = ModelRunner(tiny("qwen2"))
     runner.check_tree_masks()
     for ragged in (False, True):
@@ -48,6 +55,7 @@ def test_rows_scattered_over_the_pool_read_as_if_alone_over_nan_garbage():
         for p_i, row in enumerate(order):
             trees[row] = TREES[p_i]
         logits = runner.verify_batch(cache, trees, 3, ragged=ragged)
+        assert (cache.plan.read is not None) == (read == "in-place") == (cache.plan.src is None)
         for p_i, row in enumerate(order):
             n = len(TREES[p_i].tokens)
             assert torch.isfinite(logits[row][:n]).all()

@@ -16,16 +16,20 @@ from lookahead.sequence import StopCriteria
 from .tiny_models import tiny
 
 
-def _linear(in_f: int, out_f: int) -> torch.nn.Linear:
+def _linear(in_f: int, out_f: int, path: str) -> torch.nn.Linear:
     torch.manual_seed(0)
     mod = torch.nn.Linear(in_f, out_f, bias=True).to(torch.bfloat16)
-    mod._lookahead_exact = exact_blocks(mod.weight)
+    if path == "fp32 blocks":  # where the native kernel cannot be built
+        mod._lookahead_exact = exact_blocks(mod.weight)
+    else:
+        mod._lookahead_exact, mod._lookahead_bias = None, mod.bias.detach().float()
     return mod
 
 
+@pytest.mark.parametrize("path", ["native", "fp32 blocks"])
 @pytest.mark.parametrize("in_f,out_f", [(1536, 576), (576, 1536), (96, 40)])
-def test_an_exact_linear_gives_each_row_the_bits_it_gets_alone(in_f, out_f):
-    mod = _linear(in_f, out_f)
+def test_an_exact_linear_gives_each_row_the_bits_it_gets_alone(in_f, out_f, path):
+    mod = _linear(in_f, out_f, path)
     x = torch.randn(40, in_f).to(torch.bfloat16)
     alone = torch.cat([_exact_linear(x[i : i + 1], mod) for i in range(40)])
     for m in (2, 3, 9, 17, 40):
