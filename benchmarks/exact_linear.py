@@ -1,7 +1,7 @@
 """The exact linear's kernels against the stock bf16 one, per row count: ms for one forward's worth of matmuls.
 
 SmolLM2-135M's linears (30 layers of q/k/v/o and the MLP, plus the tied lm_head), bf16, weights cold as in a real
-forward (the whole set is streamed once per pass). Each output of `native` and `fp32 blocks` is bitwise the same
+forward (the whole set is streamed once per pass). Each output of `native` and `float64` is bitwise the same
 whatever the row count; `F.linear` (oneDNN) is not, which is why exact forwards cannot use it.
 
     python benchmarks/exact_linear.py [--rows 1,2,4,8,16,32,64]
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead import exact_linear
-from lookahead.fast_linear import _exact_linear, exact_blocks
+from lookahead.fast_linear import _exact_linear, exact_weight
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30
 HEAD = (49152, 576)
@@ -29,12 +29,12 @@ def main() -> None:
     mods = []
     for out_f, in_f in [*SHAPES, HEAD]:
         mod = torch.nn.Linear(in_f, out_f, bias=False).to(torch.bfloat16)
-        mod._lookahead_exact = exact_blocks(mod.weight)
+        mod._lookahead_exact = exact_weight(mod.weight)
         mods.append(mod)
     native = exact_linear.kernel()
     arms = {
         "F.linear (oneDNN bf16)": lambda x, m: F.linear(x, m.weight),
-        "fp32 blocks": _exact_linear,
+        "float64": _exact_linear,
         "native": lambda x, m: native(x, m.weight, None),
     }
     print(f"{'rows':>5} " + " ".join(f"{name:>24}" for name in arms))

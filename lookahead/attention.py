@@ -91,7 +91,7 @@ class AttentionSwitch:
 
     on: bool = False
     ragged: RaggedQueries | None = None
-    exact: bool = False  # this forward attends through `exact_sdpa` (the runner sets it per forward)
+    exact: bool = False  # this forward's attention is exact (see the module docstring; the runner sets it per forward)
     # The batch cache's ForwardPlan when its rows are read in place: the layers' update() then returns the pool
     # itself ([pool_tokens, kv_heads, dim]) and `_paged_sdpa` reads each row at plan.read's offsets.
     paged: object | None = None
@@ -152,25 +152,17 @@ def packed_tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
 
 
 def _paged_sdpa(query, key, value, attention_mask, scaling, switch: AttentionSwitch, kwargs):
-    """query [b, heads, q, dim]: packed ([1, heads, tokens, dim]) or padded ([rows, heads, width, dim]), row after row
-    either way; key/value: the pool, [pool_tokens, kv_heads, dim]; mask bool [rows, 1, width, kv_len]. Out
-    [b, q, heads, dim]. Exact forwards take the kernel's float64 path (exact_sdpa's arithmetic)."""
+    """key/value: the pool, [pool_tokens, kv_heads, dim], read at the plan's offsets (exact forwards too: the
+    kernel's arithmetic is exact); mask bool [rows, 1, width, kv_len]."""
     if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
         raise ValueError("paged attention has no softcap or position bias (runner.pool_layout keeps such models out)")
-    plan = switch.paged
-    b, heads, q_len, d = query.shape
-    packed = query.transpose(1, 2).reshape(b * q_len, heads, d)  # [tokens, heads, dim]
-    out = plan.kernel.attend(packed, key, value, plan.read, attention_mask, scaling if scaling is not None else d ** -0.5)
-    return out.view(b, q_len, heads, d), None
+    return _kernel_sdpa(switch.paged.kernel, query, key, value, switch.paged.read, attention_mask, scaling)
 
 
 def _exact_kernel_sdpa(native, query, key, value, attention_mask, scaling, ragged: RaggedQueries | None):
-    """Exact attention over views, through the paged kernel (its arithmetic is exact; see the module docstring).
-    query [b, heads, q, dim] (ragged: [1, heads, tokens, dim], packed row after row); key/value
-    [rows, kv_heads, kv_len, dim]; mask bool [rows, 1, q or width, kv_len], or None: causal, the queries being the
-    last q keys. Out [b, q, heads, dim]."""
-    b, heads, q_len, d = query.shape
-    rows, kv_len = key.shape[0], key.shape[2]
+    """Exact attention over views, through the paged kernel. key/value [rows, kv_heads, kv_len, dim]; mask bool
+    [rows, 1, q or width, kv_len], or None: causal, the queries being the last q keys."""
+    q_len, rows, kv_len = query.shape[2], key.shape[0], key.shape[2]
     if attention_mask is None:
         attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
     mask = attention_mask.expand(rows, 1, attention_mask.shape[-2], kv_len)
@@ -178,9 +170,15 @@ def _exact_kernel_sdpa(native, query, key, value, attention_mask, scaling, ragge
         starts, counts = ragged.starts, ragged.counts
     else:
         starts, counts = [r * q_len for r in range(rows)], [q_len] * rows
+    return _kernel_sdpa(native, query, key, value, paged_attention.view_read(key, starts, counts), mask, scaling)
+
+
+def _kernel_sdpa(native, query, key, value, read, mask, scaling):
+    """query [b, heads, q, dim], rows' tokens one after another either way: packed ([1, heads, tokens, dim]) or
+    padded ([rows, heads, width, dim]). Out [b, q, heads, dim]."""
+    b, heads, q_len, d = query.shape
     packed = query.transpose(1, 2).reshape(b * q_len, heads, d)  # [tokens, heads, dim]
-    out = native.attend(packed, key, value, paged_attention.view_read(key, starts, counts), mask,
-                        scaling if scaling is not None else d ** -0.5)
+    out = native.attend(packed, key, value, read, mask, scaling if scaling is not None else d ** -0.5)
     return out.view(b, q_len, heads, d), None
 
 

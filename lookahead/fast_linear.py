@@ -33,14 +33,17 @@ bf16 GEMM accumulates in fp32 in an order that depends on the row count, so
 now and then a row's bf16 output differs by one step between a one-token
 forward and a tree. Where the native kernel builds (`exact_linear.py`), it
 multiplies the half-precision weight as it is, each output summed in one
-fixed order. Otherwise `_exact_linear` keeps an fp32 copy of each weight, cut
-along the input dimension into blocks of `EXACT_BLOCK`, multiplies every
-block in one batched matmul (a product of two bf16 numbers is exact in
-fp32, and up to 128 long a block's sum runs in the same order for any row
-count; from 256 on it does not, measured)
-and adds the blocks' partial sums one after another: each output's fp32
-bits, and so its bf16 rounding, depend on its own row alone. Checked bitwise
-for 1 to 64 rows in `tests/lookahead/test_exact.py`.
+fixed order. Otherwise `_exact_linear` keeps a float64 copy of each weight
+and multiplies in float64: a product of two bf16 (or fp16) numbers is exact
+there, and their sum is exact too while the products span less than about
+2^37, so whatever order the GEMM adds them in for a given row count, the
+float64 result, and so its bf16 rounding, is the same; beyond that span the
+orders differ at 2^-53 of the largest product, far below a bf16 step.
+(An fp32 copy summed in blocks of 128 held on an AMD EPYC and split at 17
+rows on an Intel Xeon, whose oneDNN picks another kernel: a reduction order
+is a property of the machine, so the fallback does not rely on one.) It
+costs four times the half-precision weight in memory and a float64 GEMM.
+Checked bitwise for 1 to 40 rows in `tests/lookahead/test_exact.py`.
 """
 
 import logging
@@ -59,7 +62,6 @@ ROWS_VIA_WX = 2  # up to this many rows W @ x.T wins; above it the packed weight
 PACK_HINT = 16  # oneDNN's expected row count; measured insensitive between 2 and 32
 PACK_DTYPES = (torch.float32,)  # bf16 packing needs AVX512-BF16 to pay; not measured
 PACK_MEMORY_SHARE = 0.5  # pack only if the copies take at most this share of available memory
-EXACT_BLOCK = 128  # at most this many input features per block of an exact linear's sum (see the docstring)
 
 
 def _packed_supported() -> bool:
@@ -91,23 +93,19 @@ def _fast_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def exact_blocks(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] weight -> [in // block, block, out] fp32: the blocks `_exact_linear` multiplies at once."""
-    out_f, in_f = weight.shape
-    block = max(b for b in range(1, EXACT_BLOCK + 1) if in_f % b == 0)
-    return weight.detach().float().t().reshape(in_f // block, block, out_f).contiguous()
+def exact_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] half-precision weight -> [in, out] float64: what the fallback `_exact_linear` multiplies."""
+    return weight.detach().double().t().contiguous()
 
 
 def _exact_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
-    blocks = mod._lookahead_exact  # [blocks, block, out], or None: the native kernel
-    if blocks is None:
+    weight = mod._lookahead_exact  # [in, out] float64, or None: the native kernel
+    if weight is None:
         return exact_linear.kernel()(x, mod.weight, mod._lookahead_bias)
-    n, block, out_f = blocks.shape
-    flat = x.reshape(-1, n, block).float().transpose(0, 1)  # [blocks, rows, block]
-    y = torch.bmm(flat, blocks).sum(0)  # [rows, out]: the blocks' partial sums, added in block order
+    y = x.reshape(-1, x.shape[-1]).double() @ weight  # [rows, out], exact sums (see the module docstring)
     if mod.bias is not None:
-        y = y + mod.bias.float()
-    return y.to(x.dtype).reshape(*x.shape[:-1], out_f)
+        y = y + mod.bias.double()
+    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[1])
 
 
 class FastLinears:
@@ -126,7 +124,7 @@ class FastLinears:
                     mod._lookahead_exact = None
                     mod._lookahead_bias = None if mod.bias is None else mod.bias.detach().float().contiguous()
                 else:
-                    mod._lookahead_exact = exact_blocks(mod.weight)
+                    mod._lookahead_exact = exact_weight(mod.weight)
                 mod.forward = types.MethodType(self._make_forward(), mod)
             return
         if not enabled:

@@ -91,3 +91,19 @@ def test_a_forward_writes_only_inside_each_rows_range():
     for layer in cache.layers:
         untouched = (layer.keys == 7.0).all(-1).all(-1)  # [pool_tokens]
         assert torch.equal(untouched, ~written)
+
+
+def test_a_dropped_pool_is_reused_by_the_next_cache_of_its_layout():
+    """Engines built one after another in a process write into memory already touched (no first-touch faults)."""
+    runner = ModelRunner(tiny("llama"))
+    first = runner.new_batch_cache(4, 32)
+    memory = first.layers[0].keys.data_ptr()
+    admit(runner, first, PROMPTS[0])
+    del first  # no cycle holds it: it goes at once, its pool to the spare
+    second = runner.new_batch_cache(2, 32)  # smaller: a view of the spare
+    assert second.layers[0].keys.data_ptr() == memory and second.layers[0].keys.shape[0] == second.pool_tokens
+    third = runner.new_batch_cache(8, 32)  # the spare is taken, and too small anyway: memory of its own
+    assert third.layers[0].keys.data_ptr() != memory
+    admit(runner, second, PROMPTS[1])
+    torch.testing.assert_close(runner.verify_batch(second, TREES[1:2], 1)[0][:1], alone(runner, PROMPTS[1], TREES[1]),
+                               atol=1e-4, rtol=1e-4)

@@ -7,7 +7,7 @@ from lookahead import attention
 from lookahead.config import LookaheadConfig
 from lookahead.draft import DraftTree
 from lookahead.engine import Engine
-from lookahead.fast_linear import _exact_linear, exact_blocks
+from lookahead.fast_linear import _exact_linear, exact_weight
 from lookahead.generate import LookaheadDecoder
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
@@ -19,14 +19,14 @@ from .tiny_models import tiny
 def _linear(in_f: int, out_f: int, path: str) -> torch.nn.Linear:
     torch.manual_seed(0)
     mod = torch.nn.Linear(in_f, out_f, bias=True).to(torch.bfloat16)
-    if path == "fp32 blocks":  # where the native kernel cannot be built
-        mod._lookahead_exact = exact_blocks(mod.weight)
+    if path == "float64":  # where the native kernel cannot be built
+        mod._lookahead_exact = exact_weight(mod.weight)
     else:
         mod._lookahead_exact, mod._lookahead_bias = None, mod.bias.detach().float()
     return mod
 
 
-@pytest.mark.parametrize("path", ["native", "fp32 blocks"])
+@pytest.mark.parametrize("path", ["native", "float64"])
 @pytest.mark.parametrize("in_f,out_f", [(1536, 576), (576, 1536), (96, 40)])
 def test_an_exact_linear_gives_each_row_the_bits_it_gets_alone(in_f, out_f, path):
     mod = _linear(in_f, out_f, path)
@@ -63,7 +63,10 @@ def test_exact_attention_gives_a_query_what_it_gets_alone_over_its_own_keys():
 
 
 def test_half_precision_runners_are_exact_and_fp32_ones_are_not():
-    assert ModelRunner(tiny("llama").to(torch.bfloat16)).exact
+    bf16 = tiny("llama").to(torch.bfloat16)
+    assert ModelRunner(bf16).exact
+    linears = [m for m in bf16.modules() if type(m) is torch.nn.Linear]
+    assert linears and all(m._lookahead_exact is None for m in linears)  # the native kernel, no fp32 copies
     assert not ModelRunner(tiny("llama")).exact
     model = tiny("qwen2").to(torch.bfloat16)
     ModelRunner(model)
