@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lookahead import exact_linear
-from lookahead.fast_linear import _exact_linear, exact_weight
+from lookahead.fast_linear import Float64Linear
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30
 HEAD = (49152, 576)
@@ -29,12 +29,12 @@ def main() -> None:
     mods = []
     for out_f, in_f in [*SHAPES, HEAD]:
         mod = torch.nn.Linear(in_f, out_f, bias=False).to(torch.bfloat16)
-        mod._lookahead_exact = exact_weight(mod.weight)
+        mod._lookahead_float64 = Float64Linear(mod)
         mods.append(mod)
     native = exact_linear.kernel()
     arms = {
         "F.linear (oneDNN bf16)": lambda x, m: F.linear(x, m.weight),
-        "float64": _exact_linear,
+        "float64": lambda x, m: m._lookahead_float64(x, m),
         "native": lambda x, m: native(x, m.weight, None),
     }
     print(f"{'rows':>5} " + " ".join(f"{name:>24}" for name in arms))

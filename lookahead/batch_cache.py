@@ -117,8 +117,7 @@ _MADV_HUGEPAGE = 14
 def _huge_pages(t: torch.Tensor) -> None:
     """Ask Linux to back a CPU pool tensor with transparent huge pages (where THP is in `madvise` mode): its pages
     are first written one row's token at a time, and each first write of a 4 KiB page is a fault; a 2 MiB page
-    takes one fault for 512 of them. Measured on this project's 2-core VM (16 rows, 300 tokens of context): 256
-    faults per decode step without, `index_copy_` 140 us a call without and 17 us with (benchmarks/kv_pool_step.py).
+    takes one fault for 512 of them (measured with benchmarks/kv_pool_step.py: docs/benchmarks.md).
     Elsewhere, or if refused, nothing changes."""
     if t.device.type != "cpu" or not sys.platform.startswith("linux"):
         return

@@ -7,9 +7,9 @@ returns a node whose `count` is how many n-grams pass through it and whose
 `children` map each next token to its node. What differs is the cost.
 
 A trie pays one Python object and a few dictionary steps per token of every
-n-gram up front: up to 13 nodes per token, ~21 ms for a 701-token prompt on the 2-core
-EPYC, before the request's first draft. Here the n-grams are Python lists
-sorted once (the comparisons run in C): ~0.5 ms for the same prompt. The
+n-gram up front (up to 13 nodes per token) before the request's first
+draft. Here the n-grams are Python lists sorted once (the comparisons run in
+C): some forty times cheaper (docs/benchmarks.md, "Kernel measurements"). The
 n-grams below a trie node are then one contiguous run of the sorted list, so
 a node is just that run (`lo`, `hi`) and its depth, and its children are found
 by binary search when something asks for them. A proposal looks at a few dozen

@@ -56,8 +56,8 @@ class StepPlan:
 def split_attention(rows: int, drafting: int) -> bool:
     """Does a ragged forward attend row by row rather than in the padded layout? Yes when at most a quarter
     of the rows carry drafts: then one call for every root plus one per drafting row costs less than padding
-    every row to the widest tree (SmolLM2 at ~650 tokens of context, 1 of 16 rows drafting 8: 110 ms split,
-    175 ms padded; from half the rows drafting up, the per-row calls cost more than the padding they avoid)."""
+    every row to the widest tree; from half the rows drafting up, the per-row calls cost more than the padding they
+    avoid (measured: docs/benchmarks.md)."""
     return 0 < drafting and 4 * drafting <= rows
 
 

@@ -89,7 +89,7 @@ class Sequence:
     def local(self) -> NGramIndex:
         """This request's own n-grams (prompt + output so far), brought up to date on access.
 
-        Built lazily (~1 ms for a 700-token prompt), so a request never
+        Built lazily, so a request never
         proposing drafts (lookahead off, or the engine's payoff check keeping
         a busy batch plain) does not pay even that.
         """

@@ -7,7 +7,7 @@ from lookahead import attention
 from lookahead.config import LookaheadConfig
 from lookahead.draft import DraftTree
 from lookahead.engine import Engine
-from lookahead.fast_linear import _exact_linear, exact_weight
+from lookahead.fast_linear import FixedRowsLinear, Float64Linear, NativeLinear, _exact_linear
 from lookahead.generate import LookaheadDecoder
 from lookahead.runner import ModelRunner
 from lookahead.scheduler import SchedulerConfig
@@ -19,14 +19,12 @@ from .tiny_models import tiny
 def _linear(in_f: int, out_f: int, path: str) -> torch.nn.Linear:
     torch.manual_seed(0)
     mod = torch.nn.Linear(in_f, out_f, bias=True).to(torch.bfloat16)
-    if path == "float64":  # where the native kernel cannot be built
-        mod._lookahead_exact = exact_weight(mod.weight)
-    else:
-        mod._lookahead_exact, mod._lookahead_bias = None, mod.bias.detach().float()
+    paths = {"native": NativeLinear, "float64": Float64Linear, "fixed rows": lambda m: FixedRowsLinear(rows=16)}
+    mod._lookahead_exact = paths[path](mod)  # float64: where the native kernel cannot be built; fixed rows: GPUs
     return mod
 
 
-@pytest.mark.parametrize("path", ["native", "float64"])
+@pytest.mark.parametrize("path", ["native", "float64", "fixed rows"])
 @pytest.mark.parametrize("in_f,out_f", [(1536, 576), (576, 1536), (96, 40)])
 def test_an_exact_linear_gives_each_row_the_bits_it_gets_alone(in_f, out_f, path):
     mod = _linear(in_f, out_f, path)
@@ -66,7 +64,7 @@ def test_half_precision_runners_are_exact_and_fp32_ones_are_not():
     bf16 = tiny("llama").to(torch.bfloat16)
     assert ModelRunner(bf16).exact
     linears = [m for m in bf16.modules() if type(m) is torch.nn.Linear]
-    assert linears and all(m._lookahead_exact is None for m in linears)  # the native kernel, no fp32 copies
+    assert linears and all(isinstance(m._lookahead_exact, NativeLinear) for m in linears)  # no weight copies
     assert not ModelRunner(tiny("llama")).exact
     model = tiny("qwen2").to(torch.bfloat16)
     ModelRunner(model)
@@ -134,3 +132,13 @@ def test_bf16_lookahead_decodes_exactly_what_plain_decoding_does():
     drafted = run(LookaheadConfig(decoding_length=16, adaptive=False))
     assert [g.tokens for g in drafted] == [g.tokens for g in plain]
     assert sum(g.stats.accepted_drafts for g in drafted) > 0
+
+
+def test_each_device_gets_its_exact_linear():
+    from lookahead.fast_linear import exact_path
+
+    cpu = torch.nn.Linear(32, 8).to(torch.bfloat16)
+    assert isinstance(exact_path(cpu), NativeLinear)  # the compiler is there in CI; test_native covers its absence
+    gpu_like = torch.nn.Linear(32, 8, device="meta", dtype=torch.bfloat16)  # any non-CPU device: cuBLAS, one shape
+    path = exact_path(gpu_like)
+    assert isinstance(path, FixedRowsLinear) and path.rows == 128

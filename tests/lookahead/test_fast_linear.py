@@ -13,14 +13,19 @@ def model(bias: bool) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(48, 80, bias=bias), torch.nn.Linear(80, 24, bias=bias))
 
 
+@pytest.mark.parametrize("via_wx", [0, 1, 2])  # the timed choice, forced: each path runs whatever this CPU picks
 @pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("bias", [True, False])
-def test_every_row_count_matches_f_linear(pack, bias):
+def test_every_row_count_matches_f_linear(pack, bias, via_wx):
     if pack and not fast_linear._packed_supported():
         pytest.skip("this torch has no oneDNN linear")
     m = model(bias)
     fast = FastLinears(m, enabled=True, pack=pack)
     assert fast.packed == pack
+    if pack:
+        assert m[0]._lookahead_rows_via_wx in (0, 1, 2)  # measured when packing
+        for lin in m:
+            lin._lookahead_rows_via_wx = via_wx
     for rows in (1, 2, 3, 5, 16, 17, 40):
         x = torch.randn(1, rows, 48)
         want = F.linear(F.linear(x, m[0].weight, m[0].bias), m[1].weight, m[1].bias)
