@@ -7,6 +7,7 @@ Ray exports them with the rest of its metrics on each node's metrics agent
 
     ray_lookahead_generated_tokens_total      tokens sent to clients
     ray_lookahead_draft_tokens_total          draft tokens verified
+    ray_lookahead_accepted_draft_tokens_total of those, accepted (acceptance rate: the ratio)
     ray_lookahead_accepted_tokens_per_step    histogram: a request's tokens per forward (1 = plain decoding)
     ray_lookahead_time_to_first_token_s       histogram: job admitted -> first token
     ray_lookahead_requests_total              by `status`: ok | cancelled | error | rejected
@@ -41,6 +42,8 @@ class ReplicaMetrics:
     def __init__(self, model: str) -> None:
         self.generated = Counter("lookahead_generated_tokens", "Tokens generated", tag_keys=("model",))
         self.drafts = Counter("lookahead_draft_tokens", "Draft tokens verified", tag_keys=("model",))
+        self.accepted_drafts = Counter("lookahead_accepted_draft_tokens", "Draft tokens verified and accepted",
+                                       tag_keys=("model",))
         self.accepted = Histogram("lookahead_accepted_tokens_per_step", "Tokens per verification forward, per request",
                                   boundaries=[1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0], tag_keys=("model",))
         self.ttft = Histogram("lookahead_time_to_first_token_s", "Seconds from admission to the first token",
@@ -58,7 +61,8 @@ class ReplicaMetrics:
         self.tags = {"model": model}
 
     def finished(self, status: str, new_tokens: int = 0, draft_tokens: int = 0, per_step: float = 0.0,
-                 first_token_s: float | None = None, prompt_tokens: int = 0, cached_prompt_tokens: int = 0) -> None:
+                 first_token_s: float | None = None, prompt_tokens: int = 0, cached_prompt_tokens: int = 0,
+                 accepted_draft_tokens: int = 0) -> None:
         self.requests.inc(tags={"model": self.model, "status": status})
         if prompt_tokens:
             self.prompt.inc(prompt_tokens, tags=self.tags)
@@ -68,6 +72,8 @@ class ReplicaMetrics:
             self.generated.inc(new_tokens, tags=self.tags)
         if draft_tokens:
             self.drafts.inc(draft_tokens, tags=self.tags)
+        if accepted_draft_tokens:
+            self.accepted_drafts.inc(accepted_draft_tokens, tags=self.tags)
         if per_step:
             self.accepted.observe(per_step, tags=self.tags)
         if first_token_s is not None:

@@ -8,6 +8,15 @@ events as tokens come out. The engine's forwards run in its own thread, so
 the replica's event loop only tokenizes, routes events and watches the cancel
 board. The replica also reports its engine's queue for autoscaling
 (`record_autoscaling_stats`) and fails its health check if the engine died.
+
+Two halves: `build_engine` turns a `ModelConfig` into `ReplicaParts` (loads
+the weights and tokenizer, starts the engine, loads the saved output memory);
+`ModelReplica` is the replica logic over those parts (admission, streaming,
+cancellation, finish reasons, health, metrics). `LookaheadModel`, the
+deployment `serve_app.builder` binds, is `ModelReplica` under Ray Serve: with
+just a config it builds the real parts; a test passes its own `build` (a fake
+engine and tokenizer) and `metrics`, and runs the replica logic with no Ray
+and no weights.
 """
 
 import asyncio
@@ -15,16 +24,18 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import ray
 import torch
 from ray import serve
 
 from lookahead.config import LookaheadConfig
-from lookahead.engine import Engine, RequestHandle
+from lookahead.engine import Engine, EngineStopped, RequestHandle
 from lookahead.generate import LookaheadDecoder
 from lookahead import heap
 from lookahead.models import encode_chat, load_model
@@ -35,7 +46,7 @@ from lookahead.sequence import StopCriteria
 from lookahead.trie_store import TrieFileError, load as load_memory, save as save_memory
 
 from .autoscaling import ENGINE_QUEUE
-from .config import ModelConfig
+from .config import LookaheadSettings, ModelConfig
 from .detokenize import Detokenizer
 from .admission import check_budget, check_context
 from .jobs import Event, Job, JobError, Rejected, Usage
@@ -60,58 +71,128 @@ class ReplicaLoad:
     completed: int  # requests it generated to their end since it started
 
 
-@serve.deployment
-class LookaheadModel:
-    def __init__(self, cfg: ModelConfig) -> None:
+@dataclass(frozen=True)
+class ReplicaParts:
+    """What a replica serves with; `build_engine` makes the real ones from a config, a test makes fakes."""
+
+    engine: Engine  # started; the replica adds requests to it and shuts it down
+    tokenizer: Any  # a Hugging Face tokenizer: called, decoded, its chat template applied, len() = vocabulary
+    eos: frozenset[int]  # token ids that end a generation
+    context: int | None  # the model's context window in tokens (None: no limit); see admission.check_context
+    default_la: LookaheadConfig  # a request's lookahead settings before its own overrides
+    memory_tag: str  # what a saved output memory must carry to be loaded into this model's
+
+
+def lookahead_configs(la: LookaheadSettings, tokenizer) -> tuple[LookaheadConfig, LookaheadConfig]:
+    """(the decoder's bounds, a request's default): the decoder's limits are the per-request bounds; a request
+    without overrides gets the default. Stop words become every token id of each."""
+    stop_words = frozenset(t for w in la.stop_words for t in tokenizer.encode(w, add_special_tokens=False))
+    bound = LookaheadConfig(enabled=la.enabled, decoding_length=la.decoding_length_bound,
+                            branch_length=la.branch_length_bound, decoding_mode=la.decoding_mode,
+                            stop_words=stop_words, adaptive=la.adaptive, memory_max_nodes=la.memory_max_nodes)
+    return bound, bound.with_overrides(decoding_length=la.decoding_length, branch_length=la.branch_length)
+
+
+def build_engine(cfg: ModelConfig) -> ReplicaParts:
+    """The real parts of a replica: the model and tokenizer loaded, the engine built and started, the saved
+    output memory loaded (a corrupt or foreign file is logged and skipped), and all of it settled out of the
+    garbage collector's full passes (lookahead/heap.py: for a process that keeps what it loaded)."""
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
+                    device_map=cfg.device_map, max_memory=_placement_memory(cfg.max_memory))
+    runner = ModelRunner(lm.model, exact=None if cfg.lookahead.exact else False)  # None: half precision only
+    runner.check_tree_masks()
+    bound, default_la = lookahead_configs(cfg.lookahead, lm.tokenizer)
+    decoder = LookaheadDecoder(runner, bound, lm.tokenizer, eos_token_ids=lm.eos_token_ids)
+    b, mem = cfg.batching, cfg.memory
+    engine = Engine(decoder, SchedulerConfig(max_batch_size=b.max_batch_size,
+                                             max_tokens_per_step=b.max_tokens_per_step,
+                                             prefill_chunk=b.prefill_chunk,
+                                             prefix_cache_mb=b.prefix_cache_mb,
+                                             ragged=b.ragged, kv_cache_gb=mem.kv_cache_gb,
+                                             gpu_memory_utilization=mem.gpu_memory_utilization)).start()
+    led = engine.ledger
+    log.info("model %s: KV budget %d tokens = %d bytes (%s)", cfg.name, led.token_capacity,
+             led.capacity_bytes, led.budget.source)
+    parts = ReplicaParts(engine=engine, tokenizer=lm.tokenizer, eos=frozenset(lm.eos_token_ids),
+                         context=runner.context_length,  # prompt + max_tokens + draft headroom must fit
+                         default_la=default_la, memory_tag=f"{cfg.model}|vocab={len(lm.tokenizer)}")
+    if cfg.lookahead.memory_path:
+        _load_memory(parts, cfg.lookahead.memory_path)
+    frozen, collect_s = heap.settle()  # the model and the loaded memory leave the collector's full passes
+    log.info("model %s ready (%s, pid %d); %d objects settled out of the collector's passes (%.0f ms)",
+             cfg.name, lm.path, os.getpid(), frozen, collect_s * 1e3)
+    return parts
+
+
+def _load_memory(parts: ReplicaParts, path: str) -> None:
+    if not os.path.exists(path):
+        log.info("no saved output memory at %s; starting empty", path)
+        return
+    memory = parts.engine.decoder.memory
+    try:
+        n = load_memory(path, memory, parts.memory_tag, vocab_size=len(parts.tokenizer))
+        log.info("output memory loaded from %s: %d nodes", path, n)
+    except (TrieFileError, OSError) as e:
+        memory.clear()
+        log.error("output memory not loaded, starting empty: %s", e)
+
+
+METRICS_INTERVAL_S = 5.0  # how often a replica refreshes its gauges (Prometheus scrapes every 10-60 s)
+
+
+def _report_periodically(ref: "weakref.ref[ModelReplica]", stop: threading.Event) -> None:
+    """Refresh the replica's metrics until it stops or is collected (a weak reference: this thread does not keep
+    a discarded replica, a test's for one, alive)."""
+    while not stop.wait(METRICS_INTERVAL_S):
+        replica = ref()
+        if replica is None:
+            return
+        try:
+            replica.report_metrics()
+        except Exception:  # noqa: BLE001 - a failed refresh must not take the replica down
+            log.exception("refreshing the replica's metrics failed")
+        del replica
+
+
+class ModelReplica:
+    """One replica's logic over its engine. Ray Serve runs it as `LookaheadModel(cfg)`, which builds the real
+    parts; `build` and `metrics` are for tests that bind a fake engine where a real model is beside the point."""
+
+    def __init__(self, cfg: ModelConfig, build: Callable[[ModelConfig], ReplicaParts] = build_engine,
+                 metrics: ReplicaMetrics | None = None) -> None:
         if isinstance(cfg, dict):
             cfg = ModelConfig.model_validate(cfg)
         self.cfg = cfg
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
-        lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
-                        device_map=cfg.device_map, max_memory=_placement_memory(cfg.max_memory))
-        self.tokenizer = lm.tokenizer
-        self.eos = frozenset(lm.eos_token_ids)
-        runner = ModelRunner(lm.model, exact=None if cfg.lookahead.exact else False)  # None: half precision only
-        runner.check_tree_masks()
-        self.context = runner.context_length  # prompt + max_tokens + draft headroom must fit (check_context)
-        la = cfg.lookahead
-        stop_words = frozenset(t for w in la.stop_words for t in self.tokenizer.encode(w, add_special_tokens=False))
-        # The decoder's limits are the per-request bounds; a request without overrides gets `self.default_la`.
-        bound = LookaheadConfig(enabled=la.enabled, decoding_length=la.decoding_length_bound,
-                                branch_length=la.branch_length_bound, decoding_mode=la.decoding_mode,
-                                stop_words=stop_words, adaptive=la.adaptive, memory_max_nodes=la.memory_max_nodes)
-        self.default_la = bound.with_overrides(decoding_length=la.decoding_length, branch_length=la.branch_length)
-        decoder = LookaheadDecoder(runner, bound, self.tokenizer, eos_token_ids=lm.eos_token_ids)
-        b, mem = cfg.batching, cfg.memory
-        self.engine = Engine(decoder, SchedulerConfig(max_batch_size=b.max_batch_size,
-                                                      max_tokens_per_step=b.max_tokens_per_step,
-                                                      prefill_chunk=b.prefill_chunk,
-                                                      prefix_cache_mb=b.prefix_cache_mb,
-                                                      ragged=b.ragged, kv_cache_gb=mem.kv_cache_gb,
-                                                      gpu_memory_utilization=mem.gpu_memory_utilization)).start()
-        led = self.engine.ledger
-        log.info("model %s: KV budget %d tokens = %d bytes (%s)", cfg.name, led.token_capacity,
-                 led.capacity_bytes, led.budget.source)
-        self.metrics = ReplicaMetrics(cfg.name)
+        parts = build(cfg)
+        self.engine = parts.engine
+        self.tokenizer = parts.tokenizer
+        self.eos = parts.eos
+        self.context = parts.context
+        self.default_la = parts.default_la
+        self.memory_tag = parts.memory_tag
+        self.metrics = metrics if metrics is not None else ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.completed = 0  # requests this replica generated to their end (stop or length)
-        self.memory_tag = f"{cfg.model}|vocab={len(self.tokenizer)}"
         self._stop_saving = threading.Event()
-        if la.memory_path:
-            self._load_memory(la.memory_path)
+        if cfg.lookahead.memory_path:
             threading.Thread(target=self._save_periodically, name="memory-saver", daemon=True).start()
-        frozen, collect_s = heap.settle()  # the model and the loaded memory leave the collector's full passes
-        log.info("model %s ready (%s, pid %d); %d objects settled out of the collector's passes (%.0f ms)",
-                 cfg.name, lm.path, os.getpid(), frozen, collect_s * 1e3)
+        # The engine's gauges and step counts, refreshed on a clock of their own: Ray Serve calls
+        # record_autoscaling_stats only for autoscaling deployments, and a fixed-size one must export them too.
+        threading.Thread(target=_report_periodically, args=(weakref.ref(self), self._stop_saving),
+                         name="metrics", daemon=True).start()
 
     # ---- Ray Serve hooks ---------------------------------------------------
     def record_autoscaling_stats(self) -> dict[str, float]:
-        queue = float(self.engine.active_requests)
-        self.metrics.set_queue(queue)
+        return {ENGINE_QUEUE: float(self.engine.active_requests)}
+
+    def report_metrics(self) -> None:
+        """The engine's queue, decode steps by kind and KV memory into the Prometheus metrics (the metrics
+        thread's job: the one writer of the step counts' running totals)."""
+        self.metrics.set_queue(float(self.engine.active_requests))
         self.metrics.engine_steps(dict(self.engine.decode_steps))
         self.metrics.set_memory(self.engine.memory_stats())
-        return {ENGINE_QUEUE: queue}
 
     def check_health(self) -> None:
         if not self.engine.alive:
@@ -126,17 +207,6 @@ class LookaheadModel:
                 self.save_memory()
 
     # ---- the output memory on disk ------------------------------------------
-    def _load_memory(self, path: str) -> None:
-        if not os.path.exists(path):
-            log.info("no saved output memory at %s; starting empty", path)
-            return
-        try:
-            n = load_memory(path, self.engine.decoder.memory, self.memory_tag, vocab_size=len(self.tokenizer))
-            log.info("output memory loaded from %s: %d nodes", path, n)
-        except (TrieFileError, OSError) as e:
-            self.engine.decoder.memory.clear()
-            log.error("output memory not loaded, starting empty: %s", e)
-
     def save_memory(self) -> int:
         """Write the output memory to `memory_path` (between engine steps); returns the nodes written."""
         mem, path, tag = self.engine.decoder.memory, self.cfg.lookahead.memory_path, self.memory_tag
@@ -241,7 +311,11 @@ class LookaheadModel:
                                   top_p=job.top_p, top_k=max(job.top_k, 0),
                                   repetition_penalty=job.repetition_penalty, seed=job.seed)
         stop = StopCriteria(job.max_tokens, self.eos, job.stop)
-        return self.engine.add_request(ids, loop=loop, stop=stop, sampling=sampling, lookahead=la)
+        try:
+            return self.engine.add_request(ids, loop=loop, stop=stop, sampling=sampling, lookahead=la)
+        except EngineStopped:  # a fatal device error between the check above and here
+            raise Rejected(JobError(503, f"model {self.cfg.name}'s replica lost its device and is being replaced; "
+                                         f"retry", type="overloaded")) from None
 
     def _encode(self, job: Job) -> list[int]:
         if job.messages is not None:
@@ -282,7 +356,8 @@ class LookaheadModel:
         self._remember(job.request_id, reason)
         self.completed += reason in ("stop", "length")
         self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
-                              st.mean_accepted, first, st.prompt_tokens, st.cached_prompt_tokens)
+                              st.mean_accepted, first, st.prompt_tokens, st.cached_prompt_tokens,
+                              accepted_draft_tokens=st.accepted_drafts)
         if reason == "cancelled":  # meant for a client that left; should it still be there, a cut text is no answer
             events.put_nowait(Event(index, error=JobError(503, "the request was cancelled before it finished; retry",
                                                           type="server_error")))
@@ -305,6 +380,10 @@ class LookaheadModel:
             for rid in cancelled:
                 log.info("cancelling %s: its client went away", rid)
                 pending.pop(rid).cancel()
+
+
+# The deployment `serve_app.builder` binds (`.bind(cfg)`: the real engine; `.bind(cfg, build)`: another).
+LookaheadModel = serve.deployment(ModelReplica, name="LookaheadModel")
 
 
 def lookahead_stats(st) -> dict:
