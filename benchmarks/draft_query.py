@@ -11,8 +11,8 @@ import random
 import statistics
 import time
 
-from lookahead.draft import build_tree, match
-from lookahead.trie import TokenTrie
+from lookahead.core.draft import build_tree, match
+from lookahead.core.trie import TokenTrie
 
 
 def main() -> None:

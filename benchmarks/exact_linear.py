@@ -13,8 +13,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lookahead import exact_linear
-from lookahead.fast_linear import Float64Linear
+from lookahead.model import exact_linear
+from lookahead.model.fast_linear import Float64Linear
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)] * 30
 HEAD = (49152, 576)

@@ -1,4 +1,4 @@
-"""How long one full pass of Python's cyclic collector stops a replica, before and after `lookahead.heap.settle`.
+"""How long one full pass of Python's cyclic collector stops a replica, before and after `lookahead.core.heap.settle`.
 
     python -m benchmarks.gc_pause --memory-nodes 400000
 
@@ -14,10 +14,10 @@ import gc
 import random
 import time
 
-from lookahead import heap
-from lookahead.models import load_model
-from lookahead.runner import ModelRunner
-from lookahead.trie import TokenTrie
+from lookahead.core import heap
+from lookahead.model.models import load_model
+from lookahead.model.runner import ModelRunner
+from lookahead.core.trie import TokenTrie
 
 
 def full_pass_ms() -> float:

@@ -1,6 +1,6 @@
 """How a batch's attention can read its rows' keys out of one KV pool, timed per decode step on this machine.
 
-The batch cache keeps every request's KV in its own range of one pool (lookahead/batch_cache.py). Batched
+The batch cache keeps every request's KV in its own range of one pool (lookahead/model/batch_cache.py). Batched
 SDPA wants `[rows, kv_heads, kv_len, head_dim]`; rows at arbitrary offsets of a pool are not one strided view.
 Four ways, SmolLM2-135M's shape (30 layers, 3 KV heads of 64, 9 query heads), fp32, keys and values:
 

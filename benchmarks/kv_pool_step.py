@@ -24,9 +24,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.root:
         sys.path.insert(0, args.root)
-    from lookahead.draft import DraftTree
-    from lookahead.models import load_model
-    from lookahead.runner import ModelRunner
+    from lookahead.core.draft import DraftTree
+    from lookahead.model.models import load_model
+    from lookahead.model.runner import ModelRunner
 
     lm = load_model("smollm2-135m-instruct", dtype="float32", device="cpu")
     runner = ModelRunner(lm.model)

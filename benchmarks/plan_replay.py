@@ -16,11 +16,11 @@ at a time, priced by the same table.
 
 `--table`: `gpu` (a roofline: 10 ms to read the weights, 0.05 ms a row of
 KV, 10/64 ms a token of compute), `dear` (every token costs a whole step),
-or a `lookahead.bench` JSON whose summary has `step_table_ms`.
+or a `benchmarks.bench` JSON whose summary has `step_table_ms`.
 
 A planning aid, not a benchmark: host work, prefill and the payoff check are
 left out, and the table does not learn. The speedup is only ever measured
-by `lookahead.bench`, on and off in one run.
+by `benchmarks.bench`, on and off in one run.
 """
 
 import argparse
@@ -30,14 +30,14 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from lookahead.calibration import CalibrationTable
+from lookahead.core.calibration import CalibrationTable
 from lookahead.config import LookaheadConfig
-from lookahead.planner import break_even, plan_step
-from lookahead.sampling import SamplingParams
-from lookahead.sequence import Sequence, StopCriteria
-from lookahead.step_table import StepTable
-from lookahead.trie import TokenTrie
-from lookahead.verify import accept
+from lookahead.core.planner import break_even, plan_step
+from lookahead.model.sampling import SamplingParams
+from lookahead.engine.sequence import Sequence, StopCriteria
+from lookahead.core.step_table import StepTable
+from lookahead.core.trie import TokenTrie
+from lookahead.core.verify import accept
 
 RECORDED = Path(__file__).with_name("greedy_smollm2.json")
 GRID_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -121,7 +121,7 @@ def replay(records: list[dict], concurrency: int, table: StepTable, max_tokens: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--table", required=True, help="gpu | dear | a lookahead.bench JSON (summary.step_table_ms)")
+    ap.add_argument("--table", required=True, help="gpu | dear | a benchmarks.bench JSON (summary.step_table_ms)")
     ap.add_argument("--recorded", type=Path, default=RECORDED)
     ap.add_argument("--sets", default=None, help="comma-separated; default: every set recorded")
     ap.add_argument("--concurrency", default="1,4,16")

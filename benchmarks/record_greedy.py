@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from lookahead.models import encode, load_model
-from lookahead.prompt_sets import SETS, prompt_path, read_prompts
-from lookahead.reference import hf_generate
+from lookahead.model.models import encode, load_model
+from loadtest.prompt_sets import SETS, prompt_path, read_prompts
+from lookahead.model.reference import hf_generate
 
 from .plan_replay import RECORDED
 

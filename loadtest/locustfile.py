@@ -33,7 +33,7 @@ import time
 from locust import HttpUser, events, task
 from locust.exception import StopUser
 
-from lookahead.prompt_sets import PromptFileError, prompt_path, read_prompts
+from loadtest.prompt_sets import PromptFileError, prompt_path, read_prompts
 
 _lock = threading.Lock()
 _state = {"next": itertools.count(), "done": 0, "prompts": None}

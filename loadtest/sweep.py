@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from lookahead.prompt_sets import PromptFileError, prompt_path, read_prompts
+from loadtest.prompt_sets import PromptFileError, prompt_path, read_prompts
 
 from . import report, summary
 from .server import ServeProcess, wait_ready

@@ -6,10 +6,10 @@ package (the trie, the draft tree, prompt files) import without torch.
 
 _EXPORTS = {
     "LookaheadConfig": "config",
-    "LookaheadDecoder": "generate",
-    "Generation": "sequence",
-    "StopCriteria": "sequence",
-    "SamplingParams": "sampling",
+    "LookaheadDecoder": "engine.generate",
+    "Generation": "engine.sequence",
+    "StopCriteria": "engine.sequence",
+    "SamplingParams": "model.sampling",
 }
 __all__ = list(_EXPORTS)
 

@@ -7,12 +7,12 @@ import argparse
 import logging
 import sys
 
-from .config import MODES, LookaheadConfig
-from .generate import LookaheadDecoder
-from .sequence import StopCriteria
-from .models import encode, load_model
-from .runner import ModelRunner
-from .sampling import SamplingParams
+from lookahead.config import MODES, LookaheadConfig
+from lookahead.engine.generate import LookaheadDecoder
+from lookahead.engine.sequence import StopCriteria
+from lookahead.model.models import encode, load_model
+from lookahead.model.runner import ModelRunner
+from lookahead.model.sampling import SamplingParams
 
 
 def main(argv=None) -> int:

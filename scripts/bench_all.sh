@@ -8,7 +8,7 @@ shift || true
 data=benchmarks/prompts
 mkdir -p "$out"
 for set in narrativeqa debian_faq_zh humaneval mtbench; do
-    .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \
+    .venv/bin/python -m benchmarks.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \
         --limit 20 --max-new-tokens 128 --chat --json "$out/$set.json" "$@" | tee "$out/$set.log"
 done
-.venv/bin/python -m lookahead.bench_report "$out"/*.json | tee "$out/table.md"
+.venv/bin/python -m benchmarks.bench_report "$out"/*.json | tee "$out/table.md"

@@ -14,7 +14,7 @@ shift || true
 data=benchmarks/prompts
 mkdir -p "$out"
 for set in humaneval narrativeqa; do
-    .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \
+    .venv/bin/python -m benchmarks.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" \
         --limit 16 --max-new-tokens 128 --chat --concurrency 1,2,4,8,16 --repeats 2 --min-seconds 60 --warmup 4 --json "$out/$set.json" "$@" | tee "$out/$set.log"
 done
-.venv/bin/python -m lookahead.bench_report "$out"/*.json | tee "$out/table.md"
+.venv/bin/python -m benchmarks.bench_report "$out"/*.json | tee "$out/table.md"

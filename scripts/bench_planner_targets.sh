@@ -18,7 +18,7 @@ mkdir -p "$out"
 bench() {  # name set levels [flags...]
     local name=$1 set=$2 levels=$3
     shift 3
-    .venv/bin/python -m lookahead.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" --limit 16 \
+    .venv/bin/python -m benchmarks.bench --model smollm2-135m-instruct --prompts "$data/$set.jsonl" --limit 16 \
         --max-new-tokens 64 --chat --concurrency "$levels" --repeats 2 --min-seconds "$min_s" --warmup 2 \
         --json "$out/$name.json" "$@" | tee "$out/$name.log"
 }
@@ -32,4 +32,4 @@ for i in $(seq 2 "$runs"); do
     bench "humaneval-run$i" humaneval 1,4,16
     bench "narrativeqa-run$i" narrativeqa 1,4,16
 done
-.venv/bin/python -m lookahead.bench_report "$out"/*.json | tee "$out/table.md"
+.venv/bin/python -m benchmarks.bench_report "$out"/*.json | tee "$out/table.md"

@@ -36,16 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria  # noqa: E402
-from lookahead.agreement import divergence  # noqa: E402
-from lookahead.bench import _top2, hf_logits, runner_logits  # noqa: E402
-from lookahead.bench_engine import run_level, run_levels  # noqa: E402
-from lookahead.draft import DraftTree  # noqa: E402
-from lookahead.engine import Engine  # noqa: E402
-from lookahead.models import encode, load_model  # noqa: E402
-from lookahead.prompt_sets import prompt_path, read_prompts  # noqa: E402
-from lookahead.reference import hf_generate  # noqa: E402
-from lookahead.runner import ModelRunner  # noqa: E402
-from lookahead.scheduler import SchedulerConfig  # noqa: E402
+from benchmarks.agreement import divergence  # noqa: E402
+from benchmarks.bench import _top2, hf_logits, runner_logits  # noqa: E402
+from benchmarks.bench_engine import run_level, run_levels  # noqa: E402
+from lookahead.core.draft import DraftTree  # noqa: E402
+from lookahead.engine.engine import Engine  # noqa: E402
+from lookahead.model.models import encode, load_model  # noqa: E402
+from loadtest.prompt_sets import prompt_path, read_prompts  # noqa: E402
+from lookahead.model.reference import hf_generate  # noqa: E402
+from lookahead.model.runner import ModelRunner  # noqa: E402
+from lookahead.engine.scheduler import SchedulerConfig  # noqa: E402
 
 QWEN2_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                 num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768)

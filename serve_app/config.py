@@ -33,10 +33,10 @@ class LookaheadSettings(Strict):
     stop_words: list[str] = []  # strings; every token of each never starts a draft branch
     adaptive: bool = True  # size drafts from the forward-cost curve measured at start-up
     # Half-precision models: batch-invariant forwards, so lookahead gives token for token what plain decoding does
-    # (lookahead/attention.py, fast_linear.py); off: stock kernels, faster on CPU, and outputs may differ at near-ties.
+    # (lookahead/model/attention.py, fast_linear.py); off: stock kernels, faster on CPU, and outputs may differ at near-ties.
     exact: bool = True
     memory_max_nodes: int = Field(1_000_000, ge=16)  # bound on the shared output trie
-    # Persist the shared output memory here (data-only format, checksummed; see lookahead/trie_store.py):
+    # Persist the shared output memory here (data-only format, checksummed; see lookahead/core/trie_store.py):
     # loaded at start (a corrupt or foreign file is logged and ignored), saved every interval and at shutdown.
     memory_path: str | None = None
     memory_save_interval_s: float = Field(300, gt=0)

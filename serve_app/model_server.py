@@ -35,15 +35,15 @@ import torch
 from ray import serve
 
 from lookahead.config import LookaheadConfig
-from lookahead.engine import Engine, EngineStopped, RequestHandle
-from lookahead.generate import LookaheadDecoder
-from lookahead import heap
-from lookahead.models import encode_chat, load_model
-from lookahead.runner import ModelRunner
-from lookahead.sampling import SamplingParams
-from lookahead.scheduler import SchedulerConfig
-from lookahead.sequence import StopCriteria
-from lookahead.trie_store import TrieFileError, load as load_memory, save as save_memory
+from lookahead.engine.engine import Engine, EngineStopped, RequestHandle
+from lookahead.engine.generate import LookaheadDecoder
+from lookahead.core import heap
+from lookahead.model.models import encode_chat, load_model
+from lookahead.model.runner import ModelRunner
+from lookahead.model.sampling import SamplingParams
+from lookahead.engine.scheduler import SchedulerConfig
+from lookahead.engine.sequence import StopCriteria
+from lookahead.core.trie_store import TrieFileError, load as load_memory, save as save_memory
 
 from .autoscaling import ENGINE_QUEUE
 from .config import LookaheadSettings, ModelConfig
@@ -96,7 +96,7 @@ def lookahead_configs(la: LookaheadSettings, tokenizer) -> tuple[LookaheadConfig
 def build_engine(cfg: ModelConfig) -> ReplicaParts:
     """The real parts of a replica: the model and tokenizer loaded, the engine built and started, the saved
     output memory loaded (a corrupt or foreign file is logged and skipped), and all of it settled out of the
-    garbage collector's full passes (lookahead/heap.py: for a process that keeps what it loaded)."""
+    garbage collector's full passes (lookahead/core/heap.py: for a process that keeps what it loaded)."""
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device, trust_remote_code=cfg.trust_remote_code,

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lookahead.prompt_sets import prompt_path, read_prompts
+from loadtest.prompt_sets import prompt_path, read_prompts
 from tests.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ def _fixed_threads():
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from lookahead.models import load_model
+    from lookahead.model.models import load_model
 
     return load_model("smollm2-135m-instruct")
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmarks.plan_replay import RECORDED, replay, table_of
-from lookahead.step_table import StepTable
+from lookahead.core.step_table import StepTable
 
 
 @pytest.fixture(scope="module")

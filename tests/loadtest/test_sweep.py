@@ -31,7 +31,7 @@ def ab_url(serve_url):
 
 def test_sweep_smoke(ab_url, tmp_path):
     from loadtest import sweep
-    from lookahead.prompt_sets import prompt_path
+    from loadtest.prompt_sets import prompt_path
 
     out = tmp_path / "sweep"
     rc = sweep.main(["--url", ab_url, "--levels", "1,2", "--requests", "3", "--max-tokens", "24",

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from lookahead.models import encode
+from lookahead.model.models import encode
 from tests.conftest import load_prompts
 from tests.serving import ANSWER_TIMEOUT, deploy, smollm2_model
 

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from lookahead.engine import EngineStopped, MemoryStats
-from lookahead.sequence import Generation
-from lookahead.stats import RequestStats
-from lookahead.trie import TokenTrie
+from lookahead.engine.engine import EngineStopped, MemoryStats
+from lookahead.engine.sequence import Generation
+from lookahead.engine.stats import RequestStats
+from lookahead.core.trie import TokenTrie
 from serve_app import model_server
 from serve_app.autoscaling import ENGINE_QUEUE
 from serve_app.config import ModelConfig
@@ -132,7 +132,7 @@ class FakeHandle:
 
 
 class FakeEngine:
-    """The attributes and methods of lookahead.engine.Engine that the replica uses."""
+    """The attributes and methods of lookahead.engine.engine.Engine that the replica uses."""
 
     def __init__(self, bound, headroom: int = 4, capacity: int = 100_000) -> None:
         self.decoder = SimpleNamespace(config=bound, memory=TokenTrie(bound.branch_length + 1, bound.stop_words))

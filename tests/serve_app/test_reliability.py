@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from lookahead.trie import TokenTrie
-from lookahead.trie_store import load as load_memory
+from lookahead.core.trie import TokenTrie
+from lookahead.core.trie_store import load as load_memory
 from tests.serving import ANSWER_TIMEOUT, CLIENT_TIMEOUT, LONG, HeldStreams, deploy, outcome, placed, wait_for
 
 APP = "rel"

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from lookahead.models import encode
-from lookahead.reference import hf_generate
+from lookahead.model.models import encode
+from lookahead.model.reference import hf_generate
 from tests.conftest import load_prompts
 from tests.serving import deploy, smollm2_model
 

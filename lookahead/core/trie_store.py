@@ -1,0 +1,152 @@
+"""Save and load the shared output memory, so a replica can start warm; data only, never pickle.
+
+PIA pickles its trie, and loading a pickle runs whatever code the file names.
+This format holds numbers only:
+
+    magic    8 bytes   b"LATRIE\\x00\\x01"
+    header   4 bytes   length H of the JSON header, little-endian
+    JSON     H bytes   {"version": 1, "ngram_length", "nodes", "tag", "sha256", "payload_bytes"}
+    payload            nodes in preorder: token ids (uint32), counts (float64), child counts (uint32)
+
+`sha256` covers the payload. `tag` names what the trie belongs to (model and
+vocabulary size): a trie from another tokenizer would propose nonsense drafts
+(harmless to the output, which stays lossless, but useless), so a foreign tag
+is refused. Anything wrong (magic, version, checksum, sizes, a count that is
+negative or not finite, a token out of range, a tree deeper than the n-gram
+length) raises `TrieFileError` naming the problem; the caller starts empty.
+
+Pure Python; no torch.
+"""
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import tempfile
+from array import array
+from pathlib import Path
+
+from lookahead.core.trie import TokenTrie, TrieNode
+
+MAGIC = b"LATRIE\x00\x01"
+VERSION = 1
+MAX_HEADER = 1 << 16
+
+
+class TrieFileError(ValueError):
+    pass
+
+
+def _le(a: array) -> bytes:
+    if sys.byteorder != "little":
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _from_le(typecode: str, data: bytes) -> array:
+    a = array(typecode)
+    a.frombytes(data)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a
+
+
+def save(trie: TokenTrie, path: str | Path, tag: str) -> int:
+    """Write `trie` atomically (temp file, then rename); returns the nodes written (the root excluded)."""
+    tokens, counts, kids = array("I"), array("d"), array("I")
+    stack: list[tuple[int, TrieNode]] = [(0, trie.root)]
+    while stack:
+        tok, node = stack.pop()
+        tokens.append(tok)
+        counts.append(node.count)
+        kids.append(len(node.children))
+        stack.extend(reversed(list(node.children.items())))  # preorder, children in insertion order
+    payload = _le(tokens) + _le(counts) + _le(kids)
+    header = json.dumps({"version": VERSION, "ngram_length": trie.ngram_length, "nodes": len(tokens) - 1,
+                         "tag": tag, "sha256": hashlib.sha256(payload).hexdigest(),
+                         "payload_bytes": len(payload)}).encode()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A temporary file of this writer's own: replicas sharing one memory_path save at once (the last one wins).
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(header)) + header + payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(tokens) - 1
+
+
+def load(path: str | Path, into: TokenTrie, tag: str, vocab_size: int | None = None) -> int:
+    """Fill the empty trie `into` from `path`; returns the nodes loaded. Raises TrieFileError."""
+    data = Path(path).read_bytes()
+    if data[:8] != MAGIC:
+        raise TrieFileError(f"{path}: not a lookahead trie file (bad magic)")
+    if len(data) < 12:
+        raise TrieFileError(f"{path}: truncated header")
+    (hlen,) = struct.unpack("<I", data[8:12])
+    if hlen > MAX_HEADER or 12 + hlen > len(data):
+        raise TrieFileError(f"{path}: header length {hlen} is invalid")
+    try:
+        meta = json.loads(data[12:12 + hlen])
+        version, n, stored_tag = meta["version"], int(meta["nodes"]), meta["tag"]
+        ngram, digest, size = int(meta["ngram_length"]), meta["sha256"], int(meta["payload_bytes"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise TrieFileError(f"{path}: unreadable header ({e})") from e
+    if version != VERSION:
+        raise TrieFileError(f"{path}: format version {version}, this build reads {VERSION}")
+    if stored_tag != tag:
+        raise TrieFileError(f"{path}: belongs to {stored_tag!r}, not {tag!r}")
+    if ngram != into.ngram_length:
+        raise TrieFileError(f"{path}: n-gram length {ngram}, the memory uses {into.ngram_length}")
+    payload = data[12 + hlen:]
+    if n < 0 or len(payload) != size or size != (n + 1) * 16:
+        raise TrieFileError(f"{path}: payload is {len(payload)} bytes, the header says {size} for {n} nodes")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise TrieFileError(f"{path}: checksum mismatch (corrupt or truncated)")
+    m = n + 1
+    tokens = _from_le("I", payload[:4 * m])
+    counts = _from_le("d", payload[4 * m:12 * m])
+    kids = _from_le("I", payload[12 * m:])
+    root = _rebuild(tokens, counts, kids, ngram, vocab_size, path)
+    into.root, into.node_count = root, n
+    if into.max_nodes is not None and n > into.max_nodes:
+        into.evict(int(into.max_nodes * into.low_water))
+    return into.node_count
+
+
+def _rebuild(tokens: array, counts: array, kids: array, max_depth: int, vocab: int | None, path) -> TrieNode:
+    root = TrieNode()
+    stack: list[tuple[TrieNode, int, int]] = [(root, kids[0], 0)]  # node, children still to read, depth
+    i = 1
+    while stack:
+        node, left, depth = stack[-1]
+        if left == 0:
+            stack.pop()
+            continue
+        stack[-1] = (node, left - 1, depth)
+        if i >= len(tokens):
+            raise TrieFileError(f"{path}: child counts exceed the nodes stored")
+        tok, count = tokens[i], counts[i]
+        if depth + 1 > max_depth:
+            raise TrieFileError(f"{path}: a branch is deeper than the n-gram length {max_depth}")
+        if not (math.isfinite(count) and count >= 0):
+            raise TrieFileError(f"{path}: node {i} has count {count}")
+        if vocab is not None and tok >= vocab:
+            raise TrieFileError(f"{path}: token {tok} is outside the vocabulary ({vocab})")
+        if tok in node.children:
+            raise TrieFileError(f"{path}: token {tok} repeated under one parent")
+        child = node.children[tok] = TrieNode()
+        child.count = count
+        stack.append((child, kids[i], depth + 1))
+        i += 1
+    if i != len(tokens):
+        raise TrieFileError(f"{path}: {len(tokens) - i} nodes are not reachable from the root")
+    return root

@@ -1,0 +1,245 @@
+"""Cheaper matmuls for the runner's CPU forwards.
+
+`F.linear` with a few rows takes MKL's matrix-vector path, which uses the
+memory bandwidth badly; `W @ x.T` (one row duplicated when alone) streams
+each weight once and is the fastest for one or two rows; beyond that a
+weight pre-packed once into oneDNN's blocked layout
+(`mkldnn._reorder_linear_weight`, what Inductor's freezing pass uses) keeps
+the per-token cost of a tree close to that of one token. That flat curve is
+what lets a draft tree pay for itself on a CPU (measured: docs/benchmarks.md,
+"Kernel measurements").
+
+Packing copies every linear weight once (for SmolLM2-135M fp32, ~540 MB), so
+it is done only for fp32 weights that fit comfortably in free memory;
+otherwise the `W @ x.T` / `F.linear` paths remain. Results differ from
+`F.linear` only in float rounding order, as any batched verification forward
+does; the losslessness tests cover it.
+
+Used as a context manager around the runner's own forwards, so plain
+`model.generate` (the baseline) keeps the stock path.
+
+Exact linears (half-precision models; the runner's `exact`; `exact_path`
+picks one per module). oneDNN's
+bf16 GEMM accumulates in fp32 in an order that depends on the row count, so
+now and then a row's bf16 output differs by one step between a one-token
+forward and a tree. Where the native kernel builds (`exact_linear.py`), it
+multiplies the half-precision weight as it is, each output summed in one
+fixed order. Otherwise `Float64Linear` keeps a float64 copy of each weight
+and multiplies in float64: a product of two bf16 (or fp16) numbers is exact
+there, and their sum is exact too while the products span less than about
+2^37, so whatever order the GEMM adds them in for a given row count, the
+float64 result, and so its bf16 rounding, is the same; beyond that span the
+orders differ at 2^-53 of the largest product, far below a bf16 step.
+(An fp32 copy summed in blocks of 128 held on an AMD EPYC and split at 17
+rows on an Intel Xeon, whose oneDNN picks another kernel: a reduction order
+is a property of the machine, so the fallback does not rely on one.) It
+costs four times the half-precision weight in memory and a float64 GEMM.
+Checked bitwise for 1 to 40 rows in `tests/lookahead/model/test_exact.py`. On a
+GPU, `FixedRowsLinear` calls the stock GEMM with one fixed shape instead.
+"""
+
+import logging
+import time
+import types
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from lookahead.model import exact_linear
+from lookahead.model.kv_memory import host_available_bytes
+
+log = logging.getLogger(__name__)
+
+ROWS_VIA_WX = 2  # without packed weights, up to this many rows take W @ x.T (with them: measured, `_rows_via_wx`)
+PACK_HINT = 16  # oneDNN's expected row count; measured insensitive between 2 and 32
+PACK_DTYPES = (torch.float32,)  # bf16 packing needs AVX512-BF16 to pay; not measured
+PACK_MEMORY_SHARE = 0.5  # pack only if the copies take at most this share of available memory
+
+
+def _packed_supported() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight  # noqa: B018 - resolving the op is the check
+        torch.ops.mkldnn._linear_pointwise  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _fast_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+    w, bias = mod.weight, mod.bias
+    flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, in]
+    rows = flat.shape[0]
+    packed = getattr(mod, "_lookahead_packed", None)
+    via_wx = ROWS_VIA_WX if packed is None else mod._lookahead_rows_via_wx
+    if rows == 1 and via_wx >= 1:
+        y = (w @ torch.cat((flat, flat)).t()).t()[:1]
+    elif rows <= via_wx or packed is None and rows <= 16:
+        y = (w @ flat.t()).t()
+    elif packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "").reshape(*x.shape[:-1], w.shape[0])
+    else:
+        y = F.linear(flat, w)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+EXACT_GPU_ROWS = 128  # rows per GEMM call of the exact path on a GPU (why this many: `FixedRowsLinear`)
+
+
+def exact_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] half-precision weight -> [in, out] float64: what the fallback `Float64Linear` multiplies."""
+    return weight.detach().double().t().contiguous()
+
+
+class NativeLinear:
+    """CPU: `exact_linear.cpp` on the half-precision weight as it is."""
+
+    def __init__(self, mod: torch.nn.Linear) -> None:
+        self.bias = None if mod.bias is None else mod.bias.detach().float().contiguous()  # [out] float32
+
+    def __call__(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+        return exact_linear.kernel()(x, mod.weight, self.bias)
+
+
+class Float64Linear:
+    """CPU without the native kernel: a float64 copy, exact sums (see the module docstring)."""
+
+    def __init__(self, mod: torch.nn.Linear) -> None:
+        self.weight = exact_weight(mod.weight)  # [in, out] float64
+
+    def __call__(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+        y = x.reshape(-1, x.shape[-1]).double() @ self.weight  # [rows, out]
+        if mod.bias is not None:
+            y = y + mod.bias.double()
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.weight.shape[1])
+
+
+class FixedRowsLinear:
+    """GPU: the stock GEMM, always called with `rows` rows (the last call padded with zeros).
+
+    A GEMM library picks its kernel, tile shape and split of the reduction from the problem's shape, and a row's
+    sum order follows from those; every row of a call runs the same instructions over its own row of x. So with
+    the shape fixed, a token's output depends on its own row alone, whichever position it holds and whatever
+    shares the call. 128 rows: a bf16 GEMM of 128 rows reads each weight byte once for 128 multiply-adds, under
+    the compute-to-bandwidth ratio of current data-centre GPUs (H100: ~990 TFLOP/s over 3.35 TB/s, ~295 FLOP
+    per byte), so a decode step that pads 1-17 rows up to 128 still costs what reading the weights costs. Past
+    128 rows the weights are read once per 128."""
+
+    def __init__(self, rows: int = EXACT_GPU_ROWS) -> None:
+        self.rows = rows
+
+    def __call__(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # [n, in]
+        n = flat.shape[0]
+        pad = -n % self.rows
+        if pad:
+            flat = torch.cat((flat, flat.new_zeros(pad, flat.shape[1])))
+        y = torch.cat([F.linear(chunk, mod.weight, mod.bias) for chunk in flat.split(self.rows)])  # [n + pad, out]
+        return y[:n].reshape(*x.shape[:-1], y.shape[1])
+
+
+def exact_path(mod: torch.nn.Linear):
+    """The batch-invariant linear for this module's weight: native on CPU where it builds, float64 on CPU
+    otherwise, fixed-shape GEMMs on a GPU."""
+    if mod.weight.device.type != "cpu":
+        return FixedRowsLinear()
+    native = exact_linear.kernel()
+    return NativeLinear(mod) if native is not None and native.supports(mod.weight) else Float64Linear(mod)
+
+
+def _exact_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+    return mod._lookahead_exact(x, mod)
+
+
+def _rows_via_wx(linears: list[torch.nn.Linear], passes: int = 3) -> int:
+    """Up to how many rows (0, 1 or 2) `W @ x.T` beats the packed weight on this machine, timed over every linear
+    once per pass, as a forward streams them. Which wins at one or two rows is a property of the CPU and its
+    BLAS, so it is measured, not assumed (two machines that disagree: docs/benchmarks.md, "Kernel measurements")."""
+    def best(rows: int, fn) -> float:
+        xs = {m.in_features: torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears}
+        times = []
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            for m in linears:
+                fn(xs[m.in_features], m)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    def wx(x, m):
+        return (m.weight @ (torch.cat((x, x)) if x.shape[0] == 1 else x).t()).t()
+
+    def packed(x, m):
+        return torch.ops.mkldnn._linear_pointwise(x, m._lookahead_packed, None, "none", [], "")
+
+    with torch.inference_mode():
+        via_wx = 0
+        for rows in (1, 2):
+            if best(rows, wx) >= best(rows, packed):
+                break
+            via_wx = rows
+    log.info("linears: W @ x.T for up to %d rows, the packed weight beyond (timed)", via_wx)
+    return via_wx
+
+
+class FastLinears:
+    """Installs the fast path on every nn.Linear of a model, active only inside `active()`; with `exact`, the
+    exact path instead (half-precision weights; `exact_path`)."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool, pack: bool | None = None, exact: bool = False) -> None:
+        self.on = False
+        self.packed = False
+        self.exact = exact
+        linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear]
+        if exact:
+            for mod in linears:
+                mod._lookahead_exact = exact_path(mod)
+                mod.forward = types.MethodType(self._make_forward(), mod)
+            return
+        if not enabled:
+            return
+        if pack is None:
+            pack = self._should_pack(linears)
+        if pack:
+            for mod in linears:
+                mod._lookahead_packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), PACK_HINT)
+            self.packed = True
+            via_wx = _rows_via_wx(linears)
+            for mod in linears:
+                mod._lookahead_rows_via_wx = via_wx
+        for mod in linears:
+            mod.forward = types.MethodType(self._make_forward(), mod)
+
+    @staticmethod
+    def _should_pack(linears: list[torch.nn.Linear]) -> bool:
+        if not linears or not _packed_supported():
+            return False
+        if any(m.weight.device.type != "cpu" or m.weight.dtype not in PACK_DTYPES for m in linears):
+            return False
+        need = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+        if need > PACK_MEMORY_SHARE * host_available_bytes():
+            log.info("not packing linear weights for oneDNN: %.0f MB would exceed half the free memory", need / 2**20)
+            return False
+        log.info("packed linear weights for oneDNN (%.0f MB of copies)", need / 2**20)
+        return True
+
+    def _make_forward(self):
+        switch = self
+
+        def forward(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+            if switch.on:
+                return _exact_linear(x, mod) if switch.exact else _fast_linear(x, mod)
+            return F.linear(x, mod.weight, mod.bias)
+
+        return forward
+
+    @contextmanager
+    def active(self):
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
