@@ -1,4 +1,4 @@
-"""Bench JSON files -> one markdown table (the README's).
+"""Bench JSON files -> one markdown table (docs/benchmarks.md's).
 
     python -m benchmarks.bench_report results/bench/*.json
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's benchmark: SmolLM2-135M, greedy, 128 new tokens, chat template, first 20 prompts of each set.
+# docs/benchmarks.md's single-stream benchmark: SmolLM2-135M, greedy, 128 new tokens, chat template, first 20 prompts of each set.
 # Usage: bash scripts/bench_all.sh [OUT_DIR] [extra bench flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."

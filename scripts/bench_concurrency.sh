@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's concurrency benchmark: N requests in flight through the engine, lookahead on vs off.
+# docs/benchmarks.md's concurrency benchmark: N requests in flight through the engine, lookahead on vs off.
 # Each level runs both arms twice, in the order on/off, off/on, and pools them (--repeats 2): a run of the
 # same code moves by ~5% on this 2-vCPU machine, and the first runs in a process came out ~15-20% slower
 # in traces, so a single on-then-off pair would charge that drift to the arm that runs first. Levels whose

@@ -158,7 +158,7 @@ def _exact_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
 def _rows_via_wx(linears: list[torch.nn.Linear], passes: int = 3) -> int:
     """Up to how many rows (0, 1 or 2) `W @ x.T` beats the packed weight on this machine, timed over every linear
     once per pass, as a forward streams them. Which wins at one or two rows is a property of the CPU and its
-    BLAS, so it is measured, not assumed (two machines that disagree: docs/benchmarks.md, "Kernel measurements")."""
+    BLAS, so it is measured, not assumed (docs/benchmarks.md, "Kernel measurements")."""
     def best(rows: int, fn) -> float:
         xs = {m.in_features: torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears}
         times = []

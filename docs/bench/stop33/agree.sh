@@ -5,7 +5,7 @@
 #   bash docs/bench/stop33/agree.sh SRC OUT      (PY: the python; default the repo's .venv)
 src=$1; out=$(realpath "$2"); py=${PY:-$(git rev-parse --show-toplevel)/.venv/bin/python}
 cd "$src"
-$py -m lookahead.bench --prompts $out/mixed32.jsonl --max-new-tokens 128 --chat --dtype bfloat16 \
+$py -m benchmarks.bench --prompts $out/mixed32.jsonl --max-new-tokens 128 --chat --dtype bfloat16 \
   --json $out/mixed32-single.json > $out/mixed32-single.log 2>&1
-$py -m lookahead.bench --prompts $out/mixed32.jsonl --max-new-tokens 128 --chat --dtype bfloat16 \
+$py -m benchmarks.bench --prompts $out/mixed32.jsonl --max-new-tokens 128 --chat --dtype bfloat16 \
   --concurrency 16 --json $out/mixed32-c16.json > $out/mixed32-c16.log 2>&1

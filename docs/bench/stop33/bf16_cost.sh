@@ -10,7 +10,7 @@ for set in humaneval mtbench; do
   for arm in exact inexact; do
     flag=; [ $arm = inexact ] && flag=--inexact
     echo "$set $arm start $(date +%T)"
-    .venv/bin/python -m lookahead.bench --prompts benchmarks/prompts/$set.jsonl --limit 6 --max-new-tokens 64 --chat \
+    .venv/bin/python -m benchmarks.bench --prompts benchmarks/prompts/$set.jsonl --limit 6 --max-new-tokens 64 --chat \
       --dtype bfloat16 $flag --json "$out/cost-$arm-$set.json" > "$out/cost-$arm-$set.log" 2>&1
     tail -4 "$out/cost-$arm-$set.log"
   done
