@@ -175,12 +175,12 @@ class ModelReplica:
         self.metrics = metrics if metrics is not None else ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.completed = 0  # requests this replica generated to their end (stop or length)
-        self._stop_saving = threading.Event()
+        self._stopping = threading.Event()
         if cfg.lookahead.memory_path:
             threading.Thread(target=self._save_periodically, name="memory-saver", daemon=True).start()
         # The engine's gauges and step counts, refreshed on a clock of their own: Ray Serve calls
         # record_autoscaling_stats only for autoscaling deployments, and a fixed-size one must export them too.
-        threading.Thread(target=_report_periodically, args=(weakref.ref(self), self._stop_saving),
+        threading.Thread(target=_report_periodically, args=(weakref.ref(self), self._stopping),
                          name="metrics", daemon=True).start()
 
     # ---- Ray Serve hooks ---------------------------------------------------
@@ -201,7 +201,7 @@ class ModelReplica:
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
-            self._stop_saving.set()
+            self._stopping.set()
             engine.shutdown(timeout=5)
             if self.cfg.lookahead.memory_path:
                 self.save_memory()
@@ -213,7 +213,7 @@ class ModelReplica:
         return self.engine.call_between_steps(lambda: save_memory(mem, path, tag)).result(timeout=120)
 
     def _save_periodically(self) -> None:
-        while not self._stop_saving.wait(self.cfg.lookahead.memory_save_interval_s):
+        while not self._stopping.wait(self.cfg.lookahead.memory_save_interval_s):
             try:
                 self.save_memory()
             except Exception:  # noqa: BLE001 - a failed save must not take the replica down
@@ -292,8 +292,7 @@ class ModelReplica:
 
     def _admit(self, job: Job, loop) -> RequestHandle:
         if self.engine.fatal is not None:  # the health check fails too: Ray replaces this replica
-            raise Rejected(JobError(503, f"model {self.cfg.name}'s replica lost its device and is being replaced; "
-                                         f"retry", type="overloaded"))
+            raise self._device_lost()
         if self.engine.active_requests >= self.cfg.limits.max_engine_queue:
             raise Rejected(JobError(503, f"model {self.cfg.name} is at capacity; retry later", type="overloaded"))
         ids = self._encode(job)
@@ -314,8 +313,11 @@ class ModelReplica:
         try:
             return self.engine.add_request(ids, loop=loop, stop=stop, sampling=sampling, lookahead=la)
         except EngineStopped:  # a fatal device error between the check above and here
-            raise Rejected(JobError(503, f"model {self.cfg.name}'s replica lost its device and is being replaced; "
-                                         f"retry", type="overloaded")) from None
+            raise self._device_lost() from None
+
+    def _device_lost(self) -> Rejected:
+        return Rejected(JobError(503, f"model {self.cfg.name}'s replica lost its device and is being replaced; "
+                                      f"retry", type="overloaded"))
 
     def _encode(self, job: Job) -> list[int]:
         if job.messages is not None:

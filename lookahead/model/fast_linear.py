@@ -73,7 +73,7 @@ def _fast_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1]).contiguous()  # [rows, in]
     rows = flat.shape[0]
     packed = getattr(mod, "_lookahead_packed", None)
-    via_wx = ROWS_VIA_WX if packed is None else mod._lookahead_rows_via_wx
+    via_wx = mod._lookahead_rows_via_wx  # ROWS_VIA_WX, or timed where the weights are packed
     if rows == 1 and via_wx >= 1:
         y = (w @ torch.cat((flat, flat)).t()).t()[:1]
     elif rows <= via_wx or packed is None and rows <= 16:
@@ -156,31 +156,30 @@ def _exact_linear(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
 
 
 def _rows_via_wx(linears: list[torch.nn.Linear], passes: int = 3) -> int:
-    """Up to how many rows (0, 1 or 2) `W @ x.T` beats the packed weight on this machine, timed over every linear
-    once per pass, as a forward streams them. Which wins at one or two rows is a property of the CPU and its
-    BLAS, so it is measured, not assumed (docs/benchmarks.md, "Kernel measurements")."""
-    def best(rows: int, fn) -> float:
+    """Up to how many rows (0, 1 or 2) `W @ x.T` beats the packed weight on this machine: `_fast_linear` itself,
+    timed both ways over every linear once per pass, as a forward streams them. Which wins at one or two rows is
+    a property of the CPU and its BLAS, so it is measured, not assumed (docs/benchmarks.md, "Kernel
+    measurements"). Leaves each module's `_lookahead_rows_via_wx` at the answer."""
+    def best(rows: int, via_wx: int) -> float:
+        for m in linears:
+            m._lookahead_rows_via_wx = via_wx
         xs = {m.in_features: torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in linears}
         times = []
         for _ in range(passes):
             t0 = time.perf_counter()
             for m in linears:
-                fn(xs[m.in_features], m)
+                _fast_linear(xs[m.in_features], m)
             times.append(time.perf_counter() - t0)
         return min(times)
-
-    def wx(x, m):
-        return (m.weight @ (torch.cat((x, x)) if x.shape[0] == 1 else x).t()).t()
-
-    def packed(x, m):
-        return torch.ops.mkldnn._linear_pointwise(x, m._lookahead_packed, None, "none", [], "")
 
     with torch.inference_mode():
         via_wx = 0
         for rows in (1, 2):
-            if best(rows, wx) >= best(rows, packed):
+            if best(rows, via_wx=rows) >= best(rows, via_wx=0):
                 break
             via_wx = rows
+    for m in linears:
+        m._lookahead_rows_via_wx = via_wx
     log.info("linears: W @ x.T for up to %d rows, the packed weight beyond (timed)", via_wx)
     return via_wx
 
@@ -194,6 +193,8 @@ class FastLinears:
         self.packed = False
         self.exact = exact
         linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear]
+        for mod in linears:  # an exact runner's stock-kernel forwards (prefill) take _fast_linear too
+            mod._lookahead_rows_via_wx = ROWS_VIA_WX
         if exact:
             for mod in linears:
                 mod._lookahead_exact = exact_path(mod)
@@ -207,9 +208,7 @@ class FastLinears:
             for mod in linears:
                 mod._lookahead_packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), PACK_HINT)
             self.packed = True
-            via_wx = _rows_via_wx(linears)
-            for mod in linears:
-                mod._lookahead_rows_via_wx = via_wx
+            _rows_via_wx(linears)
         for mod in linears:
             mod.forward = types.MethodType(self._make_forward(), mod)
 

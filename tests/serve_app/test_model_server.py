@@ -562,7 +562,7 @@ def test_the_output_memory_is_saved_and_a_foreign_file_is_not_loaded(tmp_path):
                                                   memory_tag="another-model|vocab=128"), path)
         assert other.engine.decoder.memory.node_count == 0  # refused, and the memory starts empty
     finally:
-        rep._stop_saving.set()
+        rep._stopping.set()
 
 
 def test_ray_was_not_started_here(ray_at_start):
