@@ -13,6 +13,7 @@ prompt alone.
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lookahead.config import LookaheadConfig
@@ -28,14 +29,24 @@ from lookahead.engine.stats import EngineTimes
 @dataclass
 class LevelRun:
     wall_s: float
-    outputs: list[Generation]
+    outputs: list[Generation]  # the finished requests, in prompt order
     latencies_s: list[float]
     times: EngineTimes  # where the engine's steps spent the wall time
     decode_steps: dict[str, int]  # decode steps by kind: verified drafts / plain by the planner / held plain by payoff
+    answered: list[int] | None = None  # outputs[i] answers prompts[answered[i]]; None: every prompt, in order
+    unfinished_tokens: int = 0  # tokens that requests still running at the deadline had produced (counted in tok/s)
+
+    @property
+    def truncated(self) -> bool:
+        """Stopped at its deadline: some prompts have no output."""
+        return self.answered is not None
+
+    def indices(self) -> list[int]:
+        return list(range(len(self.outputs))) if self.answered is None else self.answered
 
     @property
     def tokens(self) -> int:
-        return sum(len(g.tokens) for g in self.outputs)
+        return sum(len(g.tokens) for g in self.outputs) + self.unfinished_tokens
 
     @property
     def tok_s(self) -> float:
@@ -48,6 +59,7 @@ class LevelRun:
         for r in runs:
             times = times.merged(r.times)
         kinds = {k: sum(r.decode_steps.get(k, 0) for r in runs) for k in runs[0].decode_steps}
+        assert not any(r.truncated for r in runs), "repeats are merged whole"
         return cls(sum(r.wall_s for r in runs), [g for r in runs for g in r.outputs],
                    [t for r in runs for t in r.latencies_s], times, kinds)
 
@@ -69,26 +81,36 @@ class LevelRun:
 
 
 def run_level(decoder: LookaheadDecoder, prompts: list[list[int]], concurrency: int, stop: StopCriteria,
-              lookahead: LookaheadConfig, sched: SchedulerConfig, sampling: SamplingParams = SamplingParams()) -> LevelRun:
+              lookahead: LookaheadConfig, sched: SchedulerConfig, sampling: SamplingParams = SamplingParams(),
+              stop_when: Callable[[], bool] | None = None) -> LevelRun:
+    """`stop_when`: asked between steps (a deadline, say); once it says True the run stops and reports the
+    requests that finished (`LevelRun.answered`), and counts the tokens of the ones it cut short."""
     decoder.memory.clear()  # each run starts from an empty trie, like a fresh server
     decoder.calibration = CalibrationTable()
-    engine = Engine(decoder, sched)
-    pending = list(enumerate(prompts))
-    in_flight: dict[int, tuple] = {}
-    outputs: list[Generation | None] = [None] * len(prompts)
-    latencies = [0.0] * len(prompts)
-    t0 = time.perf_counter()
-    while pending or in_flight:
-        while pending and len(in_flight) < concurrency:
-            i, ids = pending.pop(0)
-            in_flight[i] = (engine.add_request(ids, stop=stop, lookahead=lookahead, sampling=sampling), time.perf_counter())
-        engine.step()
-        for i, (h, started) in list(in_flight.items()):
-            if h._finished.is_set():
-                outputs[i] = h.result()
-                latencies[i] = time.perf_counter() - started
-                del in_flight[i]
-    return LevelRun(time.perf_counter() - t0, outputs, latencies, engine.times, dict(engine.decode_steps))
+    with Engine(decoder, sched) as engine:
+        pending = list(enumerate(prompts))
+        in_flight: dict[int, tuple] = {}
+        outputs: list[Generation | None] = [None] * len(prompts)
+        latencies = [0.0] * len(prompts)
+        t0 = time.perf_counter()
+        while (pending or in_flight) and not (stop_when is not None and stop_when()):
+            while pending and len(in_flight) < concurrency:
+                i, ids = pending.pop(0)
+                in_flight[i] = (engine.add_request(ids, stop=stop, lookahead=lookahead, sampling=sampling),
+                                time.perf_counter())
+            engine.step()
+            for i, (h, started) in list(in_flight.items()):
+                if h.done:
+                    outputs[i] = h.result()
+                    latencies[i] = time.perf_counter() - started
+                    del in_flight[i]
+        wall = time.perf_counter() - t0
+        times, kinds = engine.times, dict(engine.decode_steps)
+    if not pending and not in_flight:
+        return LevelRun(wall, outputs, latencies, times, kinds)
+    done = [i for i, g in enumerate(outputs) if g is not None]
+    return LevelRun(wall, [outputs[i] for i in done], [latencies[i] for i in done], times, kinds, answered=done,
+                    unfinished_tokens=sum(len(h.seq.tokens) for h, _ in in_flight.values()))
 
 
 def run_levels(decoder: LookaheadDecoder, prompts: list[list[int]], references: list[list[int]],

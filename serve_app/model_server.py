@@ -205,6 +205,7 @@ class ModelReplica:
             engine.shutdown(timeout=5)
             if self.cfg.lookahead.memory_path:
                 self.save_memory()
+            engine.close()  # the KV pool goes back now, not when the replica object is collected
 
     # ---- the output memory on disk ------------------------------------------
     def save_memory(self) -> int:

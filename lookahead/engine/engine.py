@@ -249,6 +249,19 @@ class Engine:
             self._thread = None
         self._fail(RuntimeError("the engine shut down"), queued_too=True)
 
+    def close(self) -> None:
+        """Shut down (every request still queued or running ends with an error) and hand the KV pool back now,
+        so the next engine in this process gets the budget this one had (`batch_cache.BatchKVCache.close`).
+        Idempotent; the replica calls it on shutdown, the benchmarks through `with Engine(...) as engine`."""
+        self.shutdown()
+        self.cache.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def alive(self) -> bool:
         """The background thread is running (False before `start`, after `shutdown`, a crash or a fatal device

@@ -144,9 +144,10 @@ def _libc() -> ctypes.CDLL:
 _SPARE: dict["PoolLayout", list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
-def _pool_tensors(owner: object, layout: "PoolLayout", tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _pool_tensors(owner: object, layout: "PoolLayout", tokens: int) -> tuple[list, weakref.finalize]:
     """Per layer (keys, values), each [tokens, kv_heads, head_dim]: views of the spare pool when it is big enough,
-    else new ones; when `owner` is collected, the whole tensors become the layout's spare."""
+    else new ones; and the finalizer that makes the whole tensors the layout's spare, run when `owner` is
+    collected or closed."""
     spare = _SPARE.get(layout)
     if spare is not None and spare[0][0].shape[0] >= tokens:
         whole = _SPARE.pop(layout)
@@ -157,8 +158,8 @@ def _pool_tensors(owner: object, layout: "PoolLayout", tokens: int) -> list[tupl
         for pair in whole:
             for t in pair:
                 _huge_pages(t)
-    weakref.finalize(owner, _SPARE.__setitem__, layout, whole)
-    return [(k[:tokens], v[:tokens]) for k, v in whole]
+    give_back = weakref.finalize(owner, _SPARE.__setitem__, layout, whole)
+    return [(k[:tokens], v[:tokens]) for k, v in whole], give_back
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,8 @@ class BatchKVCache(Cache):
     def __init__(self, layout: PoolLayout, ledger: KVLedger) -> None:
         self.ledger = ledger
         self.pool_tokens = ledger.token_capacity
-        layers = [_PoolLayer(self, k, v) for k, v in _pool_tensors(self, layout, self.pool_tokens)]
+        tensors, self._give_back = _pool_tensors(self, layout, self.pool_tokens)
+        layers = [_PoolLayer(self, k, v) for k, v in tensors]
         self.keys_of: list[object] = []  # [rows] each row's ledger key
         self.offsets: list[int] = []  # [rows] where each row's range starts in the pool
         self.lengths: list[int] = []  # [rows] committed entries of running rows 0..n-1
@@ -191,6 +193,21 @@ class BatchKVCache(Cache):
     @property
     def rows(self) -> int:
         return len(self.lengths)
+
+    @property
+    def closed(self) -> bool:
+        return not self._give_back.alive
+
+    def close(self) -> None:
+        """Hand the pool to the layout's spare now, not when the cache is collected (a caller, a traceback or a
+        reference cycle may keep it alive): the next cache of this layout takes it. The cache is unusable after."""
+        if self.closed:
+            return
+        for layer in self.layers:
+            layer.keys = layer.values = None
+        self._staging.clear()
+        self.keys_of, self.offsets, self.lengths = [], [], []
+        self._give_back()
 
     def staging(self, like: torch.Tensor, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Key and value read buffers of at least `entries` positions on `like`'s device, reused by every layer."""

@@ -254,19 +254,20 @@ class ModelRunner:
         return self._forward(cache, tree_inputs(tree, cache.length, self.device), keep_last=len(tree.tokens))
 
     def verify_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int,
-                     ragged: bool = False, split: bool | None = None) -> BatchLogits:
+                     ragged: bool = False, split: bool | None = None, exact: bool = True) -> BatchLogits:
         """Logits of every row's tree, row b's as [>= len(trees[b].tokens), vocab]; call cache.commit next.
 
         Padded: every row sends `width` tokens. Ragged (when the model allows it): row b sends only its
         own tree's tokens, all packed into one sequence, so no linear layer computes padding. `split`: a
         ragged forward's attention row by row (the plan's layout "split"), or not; None: wherever allowed.
+        `exact=False`: the stock kernels even on an exact runner (to measure what exactness costs).
         """
         inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
         kwargs = {self._cache_kw: cache, "use_cache": True}
         counts = [len(t.tokens) for t in trees]
         if not (ragged and self.ragged) or all(c == width for c in counts):
             plan = cache.begin_forward(width)
-            with torch.inference_mode(), self._active(paged=plan if plan.read is not None else None):
+            with torch.inference_mode(), self._active(exact=exact, paged=plan if plan.read is not None else None):
                 out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                                  position_ids=inputs.position_ids, **kwargs)
             return BatchLogits(out.logits.float().flatten(0, 1), [b * width for b in range(len(trees))])
@@ -274,7 +275,7 @@ class ModelRunner:
         row_of = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(self.device)  # [tokens]
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
         layout = attention.RaggedQueries(len(trees), width, row_of, slot_of, counts, list(cache.lengths), split)
-        with torch.inference_mode(), self._active(layout, paged=plan if plan.read is not None else None):
+        with torch.inference_mode(), self._active(layout, exact=exact, paged=plan if plan.read is not None else None):
             out = self.model(input_ids=inputs.input_ids[row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
                              position_ids=inputs.position_ids[row_of, slot_of][None], **kwargs)

@@ -85,3 +85,20 @@ def test_the_full_batch_split_counts_only_steps_that_ran_with_every_row():
             wall = level["repeats"] * 12 * len(PROMPTS) / level[f"{arm}_tok_s"]
             assert abs(full[f"{arm}_share"] - by_rows[n]["s"] / wall) < 1e-9
         assert full["ratio"] == full["on_tok_s"] / full["off_tok_s"]
+
+
+def test_a_level_stopped_between_steps_reports_what_finished_and_counts_the_rest():
+    model = tiny("llama")
+    dec = LookaheadDecoder(ModelRunner(model), LookaheadConfig(decoding_length=8, branch_length=4), table=StepTable.flat())
+    sched, stop = SchedulerConfig(max_batch_size=3), StopCriteria(12)
+    whole = bench_engine.run_level(dec, PROMPTS, 1, stop, dec.config, sched)
+    assert not whole.truncated and whole.indices() == [0, 1, 2]
+    asked = []
+    # one at a time: the first prompt's steps, then the deadline falls while the second runs
+    cut = bench_engine.run_level(dec, PROMPTS, 1, stop, dec.config, sched,
+                                 stop_when=lambda: asked.append(1) or sum(asked) > whole.outputs[0].stats.steps + 2)
+    assert cut.truncated and cut.indices() == [0]
+    assert cut.outputs[0].tokens == whole.outputs[0].tokens
+    assert 0 < cut.unfinished_tokens < 12 and cut.tokens == 12 + cut.unfinished_tokens
+    never = bench_engine.run_level(dec, PROMPTS, 3, stop, dec.config, sched, stop_when=lambda: True)
+    assert never.truncated and never.outputs == [] and never.tokens == 0

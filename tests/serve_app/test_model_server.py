@@ -170,6 +170,10 @@ class FakeEngine:
     def shutdown(self, timeout: float = 30.0) -> None:
         self.alive = False
 
+    def close(self) -> None:
+        self.shutdown()
+        self.closed = True
+
 
 class FakeMetrics:
     """Stands in for ReplicaMetrics (Ray metric objects): records what the replica reports."""

@@ -1,0 +1,240 @@
+"""The GPU check's sections on random-weight models of real shapes: P profile, C timing, D load, E memory.
+
+Random weights cost nothing to fetch and time the same as trained ones; what these sections measure is the
+step, not the text.
+"""
+
+import time
+import warnings
+from collections import defaultdict
+
+import torch
+from torch.autograd import DeviceType
+
+from benchmarks.gpu.models import Sizes, activities, chain, shaped_model
+from benchmarks.gpu.record import SectionRecord, Throttle
+from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.engine.engine import Engine
+from lookahead.engine.scheduler import SchedulerConfig
+from lookahead.model.runner import ModelRunner
+
+TOP_KERNELS = 15
+
+
+def _context(runner: ModelRunner, vocab: int, ctx: int, room: int):
+    """A single cache holding `ctx` random tokens (seeded by ctx), with `room` entries to spare; and the tokens."""
+    tokens = torch.randint(0, vocab, (ctx,), generator=torch.Generator().manual_seed(ctx)).tolist()
+    single = runner.new_cache(ctx + room)
+    runner.prefill(single, tokens)
+    return single, tokens
+
+
+def _batch(runner: ModelRunner, single, rows: int, room: int):
+    cache = runner.new_batch_cache(rows, single.length + room)
+    for _ in range(rows):
+        cache.admit(single, room)
+    return cache
+
+
+# ---- P. profile ---------------------------------------------------------------------------------------------
+def profile_step(step, device: str, layers: int, top: int = TOP_KERNELS) -> dict:
+    """One step's wall time (the best of 3, unprofiled, to its argmax read back) and, from one profiled run,
+    the kernels with the most device time: on CUDA the GPU kernels (and copies); on CPU the top-level ops,
+    which are what runs there. `kernel_share_of_wall`: their summed time over the unprofiled wall time, the
+    part of the step the device is busy; the rest is the host launching work and waiting."""
+    for _ in range(2):
+        step()
+    wall = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step()
+        wall = min(wall, (time.perf_counter() - t0) * 1e3)
+    with torch.profiler.profile(activities=activities(device)) as prof:
+        step()
+    events = prof.events()
+    top_level = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+    if device == "cuda":
+        kernels = [(e.name, e.time_range.elapsed_us()) for e in events if e.device_type == DeviceType.CUDA]
+    else:
+        kernels = [(e.name, e.cpu_time_total) for e in top_level]
+    calls, total = defaultdict(int), defaultdict(float)
+    for name, us in kernels:
+        calls[name] += 1
+        total[name] += us
+    busy = sum(total.values())
+    ranked = sorted(total, key=total.get, reverse=True)[:top]
+    aten = sum(e.name.startswith("aten::") for e in top_level)
+    return {
+        "wall_ms": wall,
+        "kernel_us": busy,
+        "kernel_share_of_wall": busy / (wall * 1e3),
+        "kernel_calls": len(kernels),
+        "top_level_aten_ops": aten,
+        "aten_ops_per_layer": aten / layers,
+        "top": [{"name": n[:240], "calls": calls[n], "total_us": round(total[n], 1)} for n in ranked],
+        "top_share_of_kernels": sum(total[n] for n in ranked) / busy if busy else None,
+    }
+
+
+def profile(rec: SectionRecord, sz: Sizes) -> None:
+    """One decode step of the shape, at each (rows, width) of `profile_batches` after `profile_context` tokens
+    in every row, with exact forwards and with the stock kernels."""
+    model = shaped_model(sz.profile_shape, sz.device)
+    runner = ModelRunner(model)
+    runner.check_tree_masks()
+    widest = max(w for _, w in sz.profile_batches)
+    single, tokens = _context(runner, sz.profile_shape["vocab_size"], sz.profile_context, widest + 1)
+    rec.result.update(shape=sz.profile_shape, context=sz.profile_context, dtype=str(runner.dtype), steps={})
+    for rows, width in sz.profile_batches:
+        cache = _batch(runner, single, rows, widest + 1)
+        trees = [chain(tokens[:width])] * rows
+        for exact in (True, False):
+            if rec.over():
+                return
+            step = lambda: runner.verify_batch(cache, trees, width, ragged=runner.ragged, exact=exact).argmax()  # noqa: E731,B023
+            rec.put(("steps", f"{rows}x{width}", "exact" if exact else "stock"),
+                    profile_step(step, sz.device, runner.num_layers))
+        cache.close()
+
+
+# ---- C. timing grid -----------------------------------------------------------------------------------------
+def timing(rec: SectionRecord, sz: Sizes) -> None:
+    runner = ModelRunner(shaped_model(sz.grid_shape, sz.device))
+    runner.check_tree_masks()
+    rows_max, width_max = max(sz.grid_rows), max(sz.grid_widths)
+    table = runner.seed_step_table(rows_max, rows_max * width_max, width_max, runner.ragged)
+    layout = "packed" if runner.ragged else "padded"
+    points: list[dict] = []
+    rec.result.update(shape=sz.grid_shape, table_seeded_at_context=512, layout=layout, points=points)
+    rec.save()
+    for ctx in sz.grid_contexts:
+        if rec.over():
+            break
+        if sz.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        single, tokens = _context(runner, sz.grid_shape["vocab_size"], ctx, width_max + 1)
+        for rows in sz.grid_rows:
+            cache = _batch(runner, single, rows, width_max + 1)
+            for width in sz.grid_widths:
+                if rec.over():
+                    break
+                trees = [chain(tokens[:width])] * rows
+                best = float("inf")
+                for _ in range(3):
+                    runner.clock.start()
+                    t0 = time.perf_counter()
+                    runner.verify_batch(cache, trees, width, ragged=runner.ragged).argmax()
+                    runner.clock.stop()
+                    ms = runner.clock.ms()
+                    best = min(best, ms if ms is not None else (time.perf_counter() - t0) * 1e3)
+                predicted = table(layout, rows, rows * (width - 1))
+                points.append({"context": ctx, "rows": rows, "width": width, "ms": best,
+                               "table_ms": predicted, "table_over_measured": predicted / best})
+                rec.save()
+            cache.close()
+        peak = torch.cuda.max_memory_allocated() if sz.device == "cuda" else None
+        points.append({"context": ctx, "peak_memory_bytes": peak})
+        rec.save()
+
+
+# ---- D. engine under load -----------------------------------------------------------------------------------
+def load(rec: SectionRecord, sz: Sizes) -> None:
+    runner = ModelRunner(shaped_model(sz.grid_shape, sz.device))
+    runner.check_tree_masks()
+    dec = LookaheadDecoder(runner, LookaheadConfig())
+    n = sz.load_requests
+    device_ms: list[float] = []
+    measure = runner.clock.ms
+
+    def recorded():
+        ms = measure()
+        if ms is not None:
+            device_ms.append(ms)
+        return ms
+
+    runner.clock.ms = recorded
+    vocab = sz.grid_shape["vocab_size"]
+    gen = torch.Generator().manual_seed(1)
+    cuda = sz.device == "cuda"
+    steps, host_ms, syncs, wall = 0, [], [], 0.0
+    with Engine(dec, SchedulerConfig(max_batch_size=n, max_tokens_per_step=max(256, 4 * n))) as engine:
+        handles = []
+        for _ in range(n):  # a repeated phrase: the prompt's own n-grams give the drafts something to propose
+            phrase = torch.randint(0, vocab, (12,), generator=gen).tolist()
+            handles.append(engine.add_request(phrase * 16, stop=StopCriteria(sz.load_tokens)))
+
+        def summary() -> None:
+            busy = sum(device_ms[-len(host_ms):]) / wall if host_ms and wall else None
+            rec.result.update({
+                "requests": n, "decode_steps": steps, "gpu_busy_fraction": busy if cuda else None,
+                "host_ms_per_step": sum(host_ms) / len(host_ms) if host_ms and cuda else None,
+                "wall_ms_per_step": wall / steps if steps else None,
+                "syncs_per_step": sum(syncs) / len(syncs) if syncs and cuda else None,
+                "decode_steps_by_kind": dict(engine.decode_steps), "finished": sum(h.done for h in handles)})
+            rec.save()
+
+        save = Throttle(summary)
+        while not all(h.done for h in handles) and not rec.over():
+            s = engine.scheduler  # with nothing to prefill, the step is the batch's decode alone
+            decoding = bool(s.running) and s.prefilling is None and not s.waiting
+            before, decoded = len(device_ms), sum(engine.decode_steps.values())
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("warn")
+                t0 = time.perf_counter()
+                engine.step()
+                step_ms = (time.perf_counter() - t0) * 1e3
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+            if decoding and sum(engine.decode_steps.values()) > decoded:  # a decode step and nothing else
+                steps += 1
+                wall += step_ms
+                if len(device_ms) > before:  # CUDA: its device time was recorded
+                    host_ms.append(step_ms - device_ms[-1])
+                syncs.append(sum("synchroniz" in str(w.message) for w in caught))
+            save()
+        summary()
+
+
+# ---- E. memory plan -----------------------------------------------------------------------------------------
+def memory(rec: SectionRecord, sz: Sizes) -> None:
+    runner = ModelRunner(shaped_model(sz.memory_shape, sz.device))
+    dec = LookaheadDecoder(runner, LookaheadConfig())
+    kv_gb = None if sz.memory_kv_tokens is None else sz.memory_kv_tokens * runner.kv_shape.token_bytes / 2**30
+    sched = SchedulerConfig(max_batch_size=32, max_tokens_per_step=256, prefill_chunk=2048, kv_cache_gb=kv_gb)
+    with Engine(dec, sched) as engine:
+        gen = torch.Generator().manual_seed(2)
+        vocab = sz.memory_shape["vocab_size"]
+        new_tokens = 8
+        handles = [engine.add_request(torch.randint(0, vocab, (sz.memory_prompt,), generator=gen).tolist(),
+                                      stop=StopCriteria(new_tokens)) for _ in range(sz.memory_requests)]
+        worst = sz.memory_prompt + new_tokens + engine.headroom
+        plan = min(engine.ledger.admissible(worst), sched.max_batch_size)
+        most = 0
+
+        def summary() -> None:
+            errors = []
+            for h in handles:
+                if h.done:
+                    try:
+                        h.result()
+                    except Exception as e:  # noqa: BLE001 - the finding itself
+                        errors.append(f"{type(e).__name__}: {e}")
+            st = engine.memory_stats()
+            rec.result.update({
+                "shape": sz.memory_shape, "requests": len(handles), "worst_case_tokens": worst,
+                "budget_tokens": engine.ledger.token_capacity, "budget_source": engine.ledger.budget.source,
+                "plan_admits": plan, "most_at_once": most, "finished": sum(h.done for h in handles),
+                "errors": errors, "out_of_memory": sum("OutOfMemory" in e for e in errors),
+                "kv_budget_bytes": st.kv_budget_bytes, "kv_peak_bytes": st.kv_peak_bytes})
+            rec.save()
+
+        summary()
+        save = Throttle(summary)
+        while not all(h.done for h in handles) and not rec.over():
+            engine.step()
+            s = engine.scheduler
+            most = max(most, len(s.running) + (s.prefilling is not None))
+            save()
+        summary()
