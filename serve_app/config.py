@@ -83,8 +83,9 @@ class MemorySettings(Strict):
     waits in the queue until then; one that could never fit the whole budget gets a 400."""
 
     kv_cache_gb: float | None = Field(None, gt=0)  # GiB of KV; wins on any device. None: from the device
-    # On CUDA, with no kv_cache_gb: the device's memory x this, less the weights, a measured forward's peak
-    # and the read staging, is the budget. On CPU, with no kv_cache_gb: a quarter of the RAM available at start.
+    # On CUDA, with no kv_cache_gb: the device's memory x this, less the weights, the largest forward's
+    # activation peak (measured at start) and what else is in use there, is the budget (GET /stats shows the
+    # terms). On CPU, with no kv_cache_gb: a quarter of the RAM available at start.
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
 
 

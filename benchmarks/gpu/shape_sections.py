@@ -225,6 +225,7 @@ def memory(rec: SectionRecord, sz: Sizes) -> None:
             rec.result.update({
                 "shape": sz.memory_shape, "requests": len(handles), "worst_case_tokens": worst,
                 "budget_tokens": engine.ledger.token_capacity, "budget_source": engine.ledger.budget.source,
+                "budget_terms": engine.ledger.budget.terms(),
                 "plan_admits": plan, "most_at_once": most, "finished": sum(h.done for h in handles),
                 "errors": errors, "out_of_memory": sum("OutOfMemory" in e for e in errors),
                 "kv_budget_bytes": st.kv_budget_bytes, "kv_peak_bytes": st.kv_peak_bytes})

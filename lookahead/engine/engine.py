@@ -71,6 +71,7 @@ class MemoryStats:
     prefix_cache_bytes: int
     running: int  # requests being prefilled or decoded
     waiting: int  # requests queued for room or a row
+    kv_budget_terms: dict  # why the budget is what it is (kv_memory.Budget.terms): weights, activation peak, ...
 
 _TOKENS, _DONE, _ERROR = "tokens", "done", "error"
 
@@ -148,12 +149,14 @@ class Engine:
         self.runner = decoder.runner
         self.config = config
         self.ragged = config.ragged and self.runner.ragged  # rows send only their own tree tokens
-        # The step table's seed runs the largest forwards first: on CUDA their peak is what the KV budget leaves.
-        self.table, peak = self.runner.measure_peak(
-            lambda: decoder.step_table(config.max_batch_size, config.max_tokens_per_step, self.ragged))
+        self.table = decoder.step_table(config.max_batch_size, config.max_tokens_per_step, self.ragged)
         self.headroom = decoder.config.decoding_length + 1
+        # On an accelerator, what the largest forward allocates is not the pool's (measured at start; 0 elsewhere)
+        width = max(1, min(self.headroom, config.max_tokens_per_step // config.max_batch_size))
+        peak = 0 if config.kv_cache_gb is not None else self.runner.activation_peak(
+            config.max_batch_size, width, config.prefill_chunk)
         self.ledger = KVLedger(self.runner.kv_shape, self.runner.kv_budget(
-            config.kv_cache_gb, config.gpu_memory_utilization, peak, config.max_batch_size))
+            config.kv_cache_gb, config.gpu_memory_utilization, peak))
         self.cache = BatchKVCache(self.runner.pool_layout(), self.ledger)
         self.prefixes = PrefixCache(self.cache, config.prefix_cache_mb * 2**20)
         self.scheduler = Scheduler(config, ledger=self.ledger, headroom=self.headroom,
@@ -271,7 +274,8 @@ class Engine:
     def memory_stats(self) -> MemoryStats:
         s, led = self.scheduler, self.ledger
         return MemoryStats(led.capacity_bytes, led.used_bytes, led.peak_bytes, self.prefixes.bytes,
-                           len(s.running) + (s.prefilling is not None), len(self._inbox) + len(s.waiting))
+                           len(s.running) + (s.prefilling is not None), len(self._inbox) + len(s.waiting),
+                           led.budget.terms())
 
     @property
     def active_requests(self) -> int:

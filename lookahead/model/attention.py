@@ -205,10 +205,32 @@ def _tree_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     return out.reshape(b, heads, q_len, d).transpose(1, 2).contiguous(), None  # [b, q, heads, d]
 
 
+EXACT_CALL_BYTES = 1 << 30  # float64 working set of one exact_sdpa call: more rows than this are taken in turns
+
+
 def exact_sdpa(module, query, key, value, attention_mask, scaling=None, **_):
     """query [b, heads, q, dim], key/value [b, kv_heads, kv_len, dim], mask bool [b, 1, q, kv_len] or None (causal,
     the queries being the last q keys); out [b, q, heads, dim] in the query's dtype. Float64 throughout (see the
-    module docstring); query heads share their KV head by packing, as `_tree_sdpa` does."""
+    module docstring); query heads share their KV head by packing, as `_tree_sdpa` does.
+
+    Float64 copies of a whole batch's keys and values at a long context are many times the KV itself (32 rows
+    of Qwen-14B at 8k: 21 GiB against 5 GiB); rows are taken in turns so that one call's working set stays near
+    EXACT_CALL_BYTES, which bounds the activation peak the KV budget leaves room for. A row's result does not
+    depend on which rows share its call (each is its own batch entry of the same kernels)."""
+    b, heads, q_len, d = query.shape
+    kv_len = key.shape[2]
+    row_bytes = 8 * (2 * key.shape[1] * kv_len * d + 3 * heads * q_len * kv_len + heads * q_len * d)
+    step = max(1, EXACT_CALL_BYTES // row_bytes)
+    if b > step:
+        mask = attention_mask
+        parts = [_exact_rows(query[i:i + step], key[i:i + step], value[i:i + step],
+                             mask if mask is None or mask.shape[0] == 1 else mask[i:i + step], scaling)
+                 for i in range(0, b, step)]
+        return torch.cat(parts), None
+    return _exact_rows(query, key, value, attention_mask, scaling), None
+
+
+def _exact_rows(query, key, value, attention_mask, scaling):
     b, heads, q_len, d = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
@@ -221,7 +243,7 @@ def exact_sdpa(module, query, key, value, attention_mask, scaling=None, **_):
     mask = mask.reshape(b, 1, groups * q_len, kv_len)
     scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
     out = scores.softmax(-1) @ value.double()  # [b, kv_heads, groups * q, dim]
-    return out.to(query.dtype).reshape(b, heads, q_len, d).transpose(1, 2).contiguous(), None
+    return out.to(query.dtype).reshape(b, heads, q_len, d).transpose(1, 2).contiguous()
 
 
 def install(model: torch.nn.Module, switch) -> bool:

@@ -145,13 +145,13 @@ _SPARE: dict["PoolLayout", list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def _pool_tensors(owner: object, layout: "PoolLayout", tokens: int) -> tuple[list, weakref.finalize]:
-    """Per layer (keys, values), each [tokens, kv_heads, head_dim]: views of the spare pool when it is big enough,
-    else new ones; and the finalizer that makes the whole tensors the layout's spare, run when `owner` is
-    collected or closed."""
+    """Per layer (keys, values), each [>= tokens, kv_heads, head_dim]: the spare pool when it is big enough, else
+    new ones; and the finalizer that makes them the layout's spare, run when `owner` is collected or closed."""
     spare = _SPARE.get(layout)
     if spare is not None and spare[0][0].shape[0] >= tokens:
         whole = _SPARE.pop(layout)
     else:
+        _drop_spares(layout)
         shape = (tokens, layout.kv_heads, layout.head_dim)
         whole = [(torch.empty(shape, dtype=layout.dtype, device=d), torch.empty(shape, dtype=layout.dtype, device=d))
                  for d in layout.devices]
@@ -159,7 +159,33 @@ def _pool_tensors(owner: object, layout: "PoolLayout", tokens: int) -> tuple[lis
             for t in pair:
                 _huge_pages(t)
     give_back = weakref.finalize(owner, _SPARE.__setitem__, layout, whole)
-    return [(k[:tokens], v[:tokens]) for k, v in whole], give_back
+    return whole, give_back
+
+
+def _drop_spares(layout: "PoolLayout") -> None:
+    """Before a new pool is made: free the spares it will not reuse, where the KV budget counted them as free
+    (its own layout's, too small; on accelerators, other layouts' on its devices)."""
+    accel = {d for d in layout.devices if d.type != "cpu"}
+    for other in list(_SPARE):
+        if other == layout or accel & set(other.devices):
+            del _SPARE[other]
+
+
+def _bytes_on(device: torch.device, pools) -> int:
+    return sum(t.numel() * t.element_size() for whole in pools for pair in whole for t in pair if t.device == device)
+
+
+def spare_bytes(device: torch.device) -> int:
+    """Bytes on `device` of the spare pools no cache holds: free to the KV budget (see _drop_spares)."""
+    return _bytes_on(device, _SPARE.values())
+
+
+def live_pool_bytes(device: torch.device) -> int:
+    """Bytes on `device` of the pools open caches hold."""
+    return _bytes_on(device, [c._whole for c in list(_LIVE) if not c.closed])
+
+
+_LIVE: "weakref.WeakSet[BatchKVCache]" = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -177,8 +203,9 @@ class BatchKVCache(Cache):
     def __init__(self, layout: PoolLayout, ledger: KVLedger) -> None:
         self.ledger = ledger
         self.pool_tokens = ledger.token_capacity
-        tensors, self._give_back = _pool_tensors(self, layout, self.pool_tokens)
-        layers = [_PoolLayer(self, k, v) for k, v in tensors]
+        self._whole, self._give_back = _pool_tensors(self, layout, self.pool_tokens)
+        layers = [_PoolLayer(self, k[: self.pool_tokens], v[: self.pool_tokens]) for k, v in self._whole]
+        _LIVE.add(self)
         self.keys_of: list[object] = []  # [rows] each row's ledger key
         self.offsets: list[int] = []  # [rows] where each row's range starts in the pool
         self.lengths: list[int] = []  # [rows] committed entries of running rows 0..n-1
@@ -205,6 +232,7 @@ class BatchKVCache(Cache):
             return
         for layer in self.layers:
             layer.keys = layer.values = None
+        self._whole = []
         self._staging.clear()
         self.keys_of, self.offsets, self.lengths = [], [], []
         self._give_back()

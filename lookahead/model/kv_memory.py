@@ -14,9 +14,12 @@ grows inside its reservation; `used_bytes` and `peak_bytes` report that.
 
 The budget, in order of precedence:
 - `memory.kv_cache_gb`, when set, on any device;
-- on CUDA, the device's memory x `gpu_memory_utilization`, less what is in
-  use once the weights are loaded, less a measured forward's peak (vLLM's
-  rule);
+- on CUDA, per device: its memory x `gpu_memory_utilization`, less this
+  model's weights, less what else is in use there (other tensors torch
+  holds, and memory outside torch: the CUDA context, other processes), less
+  the activation peak of the engine's largest forward, measured at start
+  (vLLM's rule). PyTorch's cached but unallocated blocks, and a closed
+  engine's pool kept for the next one, count as free;
 - on CPU, `HOST_SHARE` of the RAM available at start.
 
 Pure Python; no torch.
@@ -56,21 +59,33 @@ class KVShape:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """An accelerator's memory as read at start (`torch.cuda.mem_get_info`), in bytes."""
+    """An accelerator's memory as the budget sees it, in bytes (`device_memory.budget_terms` reads it)."""
 
     total: int
-    used: int  # in use once the weights are loaded, by this process and any other
-    forward_peak: int  # the most a forward adds above that: measured at start, plus the read staging's bound
+    weights: int  # this model's parameters and buffers on the device
+    other: int  # in use and not the pool's to take: other tensors torch holds, and memory outside torch
+    activation_peak: int  # the most one forward of the engine's allocates above what is allocated before it
 
 
 @dataclass(frozen=True)
 class Budget:
     bytes: int
     source: str  # which rule gave it, for the start-up log and /stats
+    device: DeviceMemory | None = None  # the terms, where the device's memory set it
+    utilization: float | None = None
 
     def __post_init__(self) -> None:
         if self.bytes < 0:
             raise ValueError(f"negative KV budget from {self.source}")
+
+    def terms(self) -> dict:
+        """The terms behind the number, for /stats: the operator sees why the budget is what it is."""
+        out = {"source": self.source, "kv_budget_bytes": self.bytes}
+        if self.device is not None:
+            d = self.device
+            out.update(device_bytes=d.total, utilization=self.utilization, weights_bytes=d.weights,
+                       activation_peak_bytes=d.activation_peak, other_bytes=d.other)
+        return out
 
 
 def staging_bytes(shape: KVShape, rows: int, context: int) -> int:
@@ -99,14 +114,13 @@ def kv_budget(kv_cache_gb: float | None, utilization: float, device: DeviceMemor
     if kv_cache_gb is not None:
         return Budget(int(kv_cache_gb * 2**30), f"memory.kv_cache_gb={kv_cache_gb:g}")
     if device is not None:
-        free = int(device.total * utilization) - device.used - device.forward_peak
+        gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+        terms = (f"{gib(device.total)} x gpu_memory_utilization {utilization:g} - {gib(device.weights)} weights - "
+                 f"{gib(device.activation_peak)} activation peak - {gib(device.other)} other")
+        free = int(device.total * utilization) - device.weights - device.other - device.activation_peak
         if free <= 0:
-            raise ValueError(
-                f"no room for KV: {device.total / 2**30:.1f} GiB x gpu_memory_utilization {utilization:g} "
-                f"leaves nothing after {device.used / 2**30:.1f} GiB in use and a "
-                f"{device.forward_peak / 2**30:.2f} GiB forward peak")
-        return Budget(free, f"device {device.total / 2**30:.1f} GiB x {utilization:g} - "
-                            f"{device.used / 2**30:.1f} GiB in use - {device.forward_peak / 2**30:.2f} GiB forward peak")
+            raise ValueError(f"no room for KV: {terms} leaves nothing")
+        return Budget(free, terms, device, utilization)
     return Budget(int(host_available * HOST_SHARE), f"{HOST_SHARE:g} of {host_available / 2**30:.1f} GiB available RAM")
 
 

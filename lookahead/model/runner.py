@@ -18,9 +18,10 @@ import torch
 from lookahead.model import attention
 from lookahead.core.draft import DraftTree
 from lookahead.model.fast_linear import FastLinears
-from lookahead.model.batch_cache import BatchKVCache, PoolLayout
+from lookahead.model.batch_cache import BatchKVCache, PoolLayout, spare_bytes
+from lookahead.model.device_memory import CudaMemory, budget_terms
 from lookahead.model.kv_cache import KVCache
-from lookahead.model.kv_memory import Budget, DeviceMemory, KVLedger, KVShape, host_available_bytes, kv_budget, staging_bytes
+from lookahead.model.kv_memory import Budget, KVLedger, KVShape, host_available_bytes, kv_budget
 from lookahead.model.sampling import SamplingParams, draw
 from lookahead.core.planner import layouts_of
 from lookahead.core.step_table import StepTable, bracket
@@ -138,7 +139,8 @@ class ModelRunner:
         self._exact_linears = self._fast.exact
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
         self.clock = DeviceClock(self.device)
-        self.forward_peak = 0  # bytes, the most a measured forward allocated (measure_peak; CUDA only)
+        self.memory = CudaMemory()  # how the KV budget reads an accelerator's memory (tests: a stand-in)
+        self._peaks: dict[tuple[int, int, int], int] = {}  # (rows, width, prefill chunk) -> activation peak
 
     @contextmanager
     def _active(self, ragged: attention.RaggedQueries | None = None, exact: bool = True, paged=None):
@@ -198,39 +200,58 @@ class ModelRunner:
         table's seed, tests); the engine sizes its own from the KV budget."""
         return BatchKVCache(self.pool_layout(), KVLedger.for_rows(self.kv_shape, rows, row_tokens))
 
-    def measure_peak(self, fn):
-        """(fn(), the most device memory a forward has allocated above what was in use before it); 0 off CUDA.
-        The most seen by any call so far: an engine whose step table was seeded by an earlier one runs no forward
-        here, and gets that one's peak."""
-        devices = sorted({d for d in self.layer_devices() if d.type == "cuda"}, key=str)
-        base = {}
-        for d in devices:
-            torch.cuda.synchronize(d)
-            torch.cuda.reset_peak_memory_stats(d)
-            base[d] = torch.cuda.memory_allocated(d)
-        out = fn()
-        peak = max((torch.cuda.max_memory_allocated(d) - base[d] for d in devices), default=0)
-        self.forward_peak = max(self.forward_peak, peak)
-        return out, self.forward_peak
+    def weight_bytes(self, device: torch.device) -> int:
+        """This model's parameters and buffers on `device`."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors if t.device == device)
 
-    def kv_budget(self, kv_cache_gb: float | None, utilization: float, forward_peak: int,
-                  staging_rows: int) -> Budget:
-        """The KV budget (kv_memory.kv_budget's precedence). On CUDA, per device: its memory x `utilization`,
-        less what is in use now (the weights), the measured `forward_peak`, and the read staging's bound
-        (`staging_rows` rows of a full context, one layer); the pool holds every token on every device in
-        proportion to its layers, so the tightest device sets the budget."""
-        shape = self.kv_shape
+    def _accelerated(self) -> list[torch.device]:
+        return sorted({d for d in self.layer_devices() if self.memory.accelerated(d)}, key=str)
+
+    @torch.inference_mode()
+    def activation_peak(self, rows: int, width: int, prefill_chunk: int) -> int:
+        """The most one forward of an engine with these limits allocates above what is allocated before it, on
+        its accelerators (0 where there are none): the larger of a verify of `rows` rows x `width` tokens with
+        every row at the model's whole context, and a prefill chunk of `prefill_chunk` tokens ending there.
+        Measured once per shape, at the real shapes: every row reads one range of a probe pool, so the probe's
+        KV is one context's worth, not `rows` of them (the pool is made before measuring, and is not counted)."""
+        devices = self._accelerated()
+        if not devices:
+            return 0
+        key = (rows, width, prefill_chunk)
+        if key not in self._peaks:
+            context = max(1, self._max_positions() - width)
+            probe = self.new_batch_cache(1, context + width)
+            whole = object()
+            probe.ledger.reserve(whole, context + width)
+            for _ in range(rows):
+                probe.attach(whole, context)
+            trees = [DraftTree([1] * width, list(range(-1, width - 1)), list(range(width)), [1.0] * width)] * rows
+            verify = self.memory.peak_during(devices, lambda: self.verify_batch(probe, trees, width).argmax())
+            chunk = min(prefill_chunk, context)
+            row = probe.row_cache(whole)
+            row.length = context - chunk
+            prefill = self.memory.peak_during(devices, lambda: self.prefill(row, [1] * chunk))
+            probe.close()
+            self._peaks[key] = max(verify, prefill)
+        return self._peaks[key]
+
+    def kv_budget(self, kv_cache_gb: float | None, utilization: float, activation_peak: int) -> Budget:
+        """The KV budget (kv_memory.kv_budget's precedence). On accelerators, per device: its memory x
+        `utilization`, less this model's weights there, less what else is in use (device_memory.py: cached
+        blocks and a closed engine's spare pool count as free), less `activation_peak`; the pool holds every
+        token on every device in proportion to its layers, so the tightest device sets the budget."""
         devices = self.layer_devices()
-        if kv_cache_gb is not None or not any(d.type == "cuda" for d in devices):
+        accel = self._accelerated()
+        if kv_cache_gb is not None or not accel:
             return kv_budget(kv_cache_gb, utilization, None, host_available_bytes())
-        staging = staging_bytes(shape, staging_rows, self._max_positions())
         tightest: tuple[float, Budget] | None = None
-        for d in sorted(set(devices), key=str):
-            free, total = torch.cuda.mem_get_info(d)
-            b = kv_budget(None, utilization, DeviceMemory(total, total - free, forward_peak + staging), 0)
+        for d in accel:
+            terms = budget_terms(self.memory.read(d), self.weight_bytes(d), spare_bytes(d), activation_peak)
+            b = kv_budget(None, utilization, terms, 0)
             share = devices.count(d) / len(devices)  # of every token's KV that this device holds
             if tightest is None or b.bytes / share < tightest[0]:
-                tightest = (b.bytes / share, Budget(int(b.bytes / share), f"{d}: {b.source}"))
+                tightest = (b.bytes / share, Budget(int(b.bytes / share), f"{d}: {b.source}", terms, utilization))
         return tightest[1]
 
     def prefill(self, cache: KVCache, tokens: list[int]) -> None:

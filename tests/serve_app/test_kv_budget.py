@@ -66,6 +66,7 @@ def test_twelve_long_requests_queue_for_memory_and_equal_one_at_a_time(base, pro
     budget = stats(base)
     blocks = int(BUDGET_GB * 2**30) // (BLOCK * TOKEN_BYTES)
     assert budget["kv_budget_bytes"] == blocks * BLOCK * TOKEN_BYTES  # 1,152 tokens of fp32 KV
+    assert budget["kv_budget_terms"]["source"] == f"memory.kv_cache_gb={BUDGET_GB:g}"  # why: the operator's setting
 
     seen_waiting = []
     with ThreadPoolExecutor(12) as pool:

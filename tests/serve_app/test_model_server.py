@@ -160,7 +160,8 @@ class FakeEngine:
 
     def memory_stats(self) -> MemoryStats:
         return MemoryStats(kv_budget_bytes=1 << 20, kv_used_bytes=4096, kv_peak_bytes=8192, prefix_cache_bytes=1024,
-                           running=1, waiting=self.queued)
+                           running=1, waiting=self.queued,
+                           kv_budget_terms={"source": "memory.kv_cache_gb=0.001", "kv_budget_bytes": 1 << 20})
 
     def call_between_steps(self, fn) -> Future:
         fut: Future = Future()

@@ -60,6 +60,28 @@ def test_exact_attention_gives_a_query_what_it_gets_alone_over_its_own_keys():
     assert torch.equal(causal, explicit)  # no mask: causal over the last q keys
 
 
+def test_exact_attention_over_many_rows_in_turns_gives_each_row_its_bits(monkeypatch):
+    """Rows are taken a few at a time past EXACT_CALL_BYTES (the float64 working set the KV budget leaves
+    room for); each row's result is the one it gets in a single call, with a mask per row or one for all."""
+    torch.manual_seed(1)
+    b, heads, kv_heads, d, kv_len, q = 7, 4, 2, 16, 40, 3
+    query = torch.randn(b, heads, q, d).to(torch.bfloat16)
+    key, value = (torch.randn(b, kv_heads, kv_len, d).to(torch.bfloat16) for _ in range(2))
+    per_row = torch.rand(b, 1, q, kv_len) > 0.3
+    per_row[..., 0] = True
+    shared = per_row[:1]
+    whole = [attention.exact_sdpa(None, query, key, value, m)[0] for m in (per_row, shared, None)]
+    row = 8 * (2 * kv_heads * kv_len * d + 3 * heads * q * kv_len + heads * q * d)
+    monkeypatch.setattr(attention, "EXACT_CALL_BYTES", 3 * row)  # three rows a call: 3 + 3 + 1
+    calls = []
+    real = attention._exact_rows
+    monkeypatch.setattr(attention, "_exact_rows", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    for m, ref in zip((per_row, shared, None), whole):
+        calls.clear()
+        assert torch.equal(attention.exact_sdpa(None, query, key, value, m)[0], ref)
+        assert calls == [3, 3, 1]
+
+
 def test_half_precision_runners_are_exact_and_fp32_ones_are_not():
     bf16 = tiny("llama").to(torch.bfloat16)
     assert ModelRunner(bf16).exact

@@ -44,7 +44,7 @@ def test_token_bytes_of_the_flagships():
 
 
 def test_the_budget_follows_its_precedence():
-    gpu = DeviceMemory(total=80 * GiB, used=30 * GiB, forward_peak=2 * GiB)
+    gpu = DeviceMemory(total=80 * GiB, weights=28 * GiB, other=2 * GiB, activation_peak=2 * GiB)
     assert kv_budget(1.5, 0.9, gpu, 64 * GiB).bytes == int(1.5 * GiB)  # kv_cache_gb wins on any device
     assert kv_budget(None, 0.9, gpu, 64 * GiB).bytes == int(80 * GiB * 0.9) - 32 * GiB
     assert kv_budget(None, 0.9, None, 64 * GiB).bytes == 16 * GiB  # CPU: a quarter of the available RAM
@@ -71,7 +71,7 @@ def test_the_plan_admits_what_fits_and_never_more(name, gib):
     config = native(name)
     shape = KVShape.of(config, 2)
     weights = weight_bytes(config)
-    device = DeviceMemory(total=gib * GiB, used=weights + GiB // 2, forward_peak=GiB)  # CUDA context; a forward
+    device = DeviceMemory(total=gib * GiB, weights=weights, other=GiB // 2, activation_peak=GiB)  # CUDA context
     ledger = KVLedger(shape, kv_budget(None, 0.9, device, 0))
     headroom = LookaheadConfig().decoding_length + 1
     worst = 6144 + 2048 + headroom
@@ -88,19 +88,21 @@ def test_the_plan_admits_what_fits_and_never_more(name, gib):
 
 
 @pytest.mark.parametrize("name,config_file,gib,worst_cases", [
-    ("qwen-14b-chat", "qwen14b.yaml", 80, 6), ("qwen-14b-chat", "qwen14b.yaml", 141, 14),
+    ("qwen-14b-chat", "qwen14b.yaml", 80, 6), ("qwen-14b-chat", "qwen14b.yaml", 139.8, 14),
     ("chatglm3-6b", "chatglm3-6b.yaml", 80, 35)])
 def test_the_gpu_configs_fit_as_their_comments_say(name, config_file, gib, worst_cases):
     """configs/*.yaml's memory settings on the card, with the checkpoint's weights sized on the meta device, a
-    CUDA context of 0.5 GiB and a 1 GiB forward peak: the worst-case requests their comments state fit at once,
-    the prefix cache fits inside the budget, and everything together stays within the device's share."""
+    CUDA context of 0.5 GiB and an activation peak of the read staging (every row at the whole context, one
+    layer) + 1 GiB (exact attention's float64 working set, attention.EXACT_CALL_BYTES; logits): the worst-case
+    requests their comments state fit at once, the prefix cache fits inside the budget, and everything together
+    stays within the device's share."""
     args = yaml.safe_load((CONFIGS / config_file).read_text())["applications"][0]["args"]
     cfg = AppConfig.model_validate(args).models[0]
     config = native(name)
     shape = KVShape.of(config, 2)
     weights = weight_bytes(config)
     staging = staging_bytes(shape, cfg.batching.max_batch_size, config.max_position_embeddings)
-    device = DeviceMemory(gib * GiB, weights + GiB // 2, GiB + staging)
+    device = DeviceMemory(gib * GiB, weights, GiB // 2, GiB + staging)
     budget = kv_budget(cfg.memory.kv_cache_gb, cfg.memory.gpu_memory_utilization, device, 0)
     ledger = KVLedger(shape, budget)
     worst = cfg.limits.max_prompt_tokens + cfg.limits.max_new_tokens + cfg.lookahead.decoding_length_bound + 1
@@ -147,3 +149,17 @@ def test_reservations_are_contiguous_and_coalesce_when_released():
     ledger.release("b")
     ledger.release("d")
     assert ledger.reserve("e", 10 * 16) == 0  # everything left: one run again
+
+
+def test_qwen14b_on_an_h200_holds_over_100k_tokens_and_15_of_the_gpu_checks_requests():
+    """The GPU check's section E on an H200 as torch reports it (139.8 GiB): Qwen-14B's weights from its
+    config.json, a 0.5 GiB CUDA context, and the activation peak of 32 rows at the whole 8k context (the read
+    staging) + 1 GiB. vLLM's figure for this model on this card is ~120k tokens."""
+    config = native("qwen-14b-chat")
+    shape = KVShape.of(config, 2)
+    peak = staging_bytes(shape, 32, config.max_position_embeddings) + GiB
+    ledger = KVLedger(shape, kv_budget(None, 0.9, DeviceMemory(int(139.8 * GiB), weight_bytes(config), GiB // 2,
+                                                              peak), 0))
+    assert 100_000 <= ledger.token_capacity <= 125_000
+    worst = 6144 + 8 + LookaheadConfig().decoding_length + 1  # section E's requests: 6,144 prompt, 8 new
+    assert ledger.admissible(worst) >= 15
