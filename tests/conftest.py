@@ -41,6 +41,8 @@ os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "30")
 # keeping both cores busy at niceness 0, they got ~3% of a core each: a SmolLM2 replica took over 5 minutes to
 # start, and the suite would have taken hours. The tests check behaviour, not priority: workers run at 0 here.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# The proxy's body cap, as scripts/setup.sh installs it for `serve run` (serve_app/proxy_guard.py).
+os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "serve_app.proxy_guard:middlewares")
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from serve_app import guard as guard_module
 from serve_app.guard import Guard, load_keys
 
 
@@ -70,3 +71,64 @@ def test_body_cap(content_length):
     assert status == 413 and json.loads(body)["error"]["param"] == "body"
     status, body, _ = call(g, chunks=(b"x" * 500, b"y" * 500), content_length=content_length)
     assert status == 200 and body == b"x" * 500 + b"y" * 500  # under the cap the app sees the whole body
+
+
+def events(guard, chunks, headers=(), content_length=True):
+    """Every receive and send the guard made, in order, for a POST of `chunks` (Content-Length or chunked)."""
+    body = b"".join(chunks)
+    length = [(b"content-length", str(len(body)).encode())] if content_length else []
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [*length, *headers]}
+    msgs = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    log = []
+
+    async def receive():
+        log.append(("receive", len(msgs)))
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(msg):
+        log.append(("send", msg.get("status"), dict(msg.get("headers", []))))
+
+    asyncio.run(guard(scope, receive, send))
+    return log
+
+
+@pytest.mark.parametrize("content_length", [True, False])
+def test_an_over_cap_body_is_read_to_its_end_before_the_413(content_length):
+    """The client is still sending: the guard takes every chunk (and drops it) before it answers, so the
+    server never closes under a client mid-upload (a reset, no status)."""
+    log = events(Guard(echo, lambda: (1024, ())), [b"x" * 700] * 6, content_length=content_length)
+    receives = [e for e in log if e[0] == "receive"]
+    assert len(receives) == 6 and log[-2][0] == "send" and log[-2][1] == 413  # all six chunks, then the answer
+    assert b"connection" not in log[-2][2]  # drained: the connection stays usable
+
+
+def test_a_client_waiting_for_100_continue_is_answered_at_once():
+    log = events(Guard(echo, lambda: (1024, ())), [b"x" * 700] * 6, headers=[(b"expect", b"100-continue")])
+    assert [e[0] for e in log] == ["send", "send"] and log[0][1] == 413  # nothing read: it has sent nothing
+
+
+def test_past_the_drain_bound_the_413_goes_out_at_once(monkeypatch):
+    """A body far over the cap is not read to its end here: the HTTP server discards the rest after the answer."""
+    monkeypatch.setattr(guard_module, "DRAIN_BYTES", 2000)
+    log = events(Guard(echo, lambda: (1024, ())), [b"x" * 700] * 20)
+    assert sum(e[0] == "receive" for e in log) == 3  # 2,100 bytes read: past the bound, it stops
+    assert log[-2][1] == 413 and b"connection" not in log[-2][2]  # not closed under the client
+
+
+def test_a_chunked_body_over_the_cap_in_its_last_message_is_answered_without_waiting_for_more():
+    """Ray's proxy (with its own guard in front) may hand the whole body over in one message: nothing is left
+    to drain, and waiting for more would hang, as a server's receive does until the response is complete."""
+    msgs = [{"type": "http.request", "body": b"x" * 5000, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if msgs:
+            return msgs.pop(0)
+        await asyncio.Event().wait()  # a real server: nothing until the response is complete
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    asyncio.run(asyncio.wait_for(Guard(echo, lambda: (1024, ()))(scope, receive, send), timeout=5))
+    assert sent[0]["status"] == 413
