@@ -157,7 +157,8 @@ class Engine:
             config.max_batch_size, width, config.prefill_chunk)
         self.ledger = KVLedger(self.runner.kv_shape, self.runner.kv_budget(
             config.kv_cache_gb, config.gpu_memory_utilization, peak))
-        self.cache = BatchKVCache(self.runner.pool_layout(), self.ledger)
+        self.cache = BatchKVCache(self.runner.pool_layout(), self.ledger,
+                                  config.max_batch_size * (self.runner.max_positions() + self.headroom))
         self.prefixes = PrefixCache(self.cache, config.prefix_cache_mb * 2**20)
         self.scheduler = Scheduler(config, ledger=self.ledger, headroom=self.headroom,
                                    make_room=self.prefixes.evict_one)

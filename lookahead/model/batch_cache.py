@@ -200,8 +200,12 @@ class PoolLayout:
 
 
 class BatchKVCache(Cache):
-    def __init__(self, layout: PoolLayout, ledger: KVLedger) -> None:
+    def __init__(self, layout: PoolLayout, ledger: KVLedger, staging_entries: int | None = None) -> None:
+        """`staging_entries`: the most positions a gathered read can need (rows x the longest context); the read
+        staging grows by doubling up to that and no further, so it never holds more than the KV budget's
+        activation probe measured (runner.activation_peak)."""
         self.ledger = ledger
+        self.staging_entries = staging_entries
         self.pool_tokens = ledger.token_capacity
         self._whole, self._give_back = _pool_tensors(self, layout, self.pool_tokens)
         layers = [_PoolLayer(self, k[: self.pool_tokens], v[: self.pool_tokens]) for k, v in self._whole]
@@ -242,6 +246,8 @@ class BatchKVCache(Cache):
         got = self._staging.get(like.device)
         if got is None or got[0].shape[0] < entries:
             size = max(entries, 2 * got[0].shape[0]) if got is not None else entries
+            if self.staging_entries is not None:
+                size = max(entries, min(size, self.staging_entries))
             got = tuple(like.new_empty((size, *like.shape[1:])) for _ in range(2))
             self._staging[like.device] = got
         return got[0][:entries], got[1][:entries]

@@ -220,7 +220,7 @@ class ModelRunner:
             return 0
         key = (rows, width, prefill_chunk)
         if key not in self._peaks:
-            context = max(1, self._max_positions() - width)
+            context = max(1, self.max_positions() - width)
             probe = self.new_batch_cache(1, context + width)
             whole = object()
             probe.ledger.reserve(whole, context + width)
@@ -364,7 +364,7 @@ class ModelRunner:
         cfg = self.model.config.get_text_config()
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "seq_length", None)
 
-    def _max_positions(self) -> int:
+    def max_positions(self) -> int:
         return self.context_length or 4096
 
     @torch.inference_mode()
@@ -379,7 +379,7 @@ class ModelRunner:
         interleaved so a burst of noise from a shared machine does not skew one point; between measured
         points, and past the last, the grid is filled linearly. The engine refines the table while serving.
         """
-        context = max(1, min(context, self._max_positions() - max_width - 2))
+        context = max(1, min(context, self.max_positions() - max_width - 2))
         rows_grid = sorted({1 << i for i in range(max_rows.bit_length())} | {max_rows})
         drafts_grid = tuple(d for d in SEED_DRAFTS if d < max_tokens) or (0,)
         layouts = ("packed", "split") if ragged and self.ragged else ("padded",)

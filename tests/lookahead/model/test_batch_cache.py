@@ -107,3 +107,20 @@ def test_a_dropped_pool_is_reused_by_the_next_cache_of_its_layout():
     admit(runner, second, PROMPTS[1])
     torch.testing.assert_close(runner.verify_batch(second, TREES[1:2], 1)[0][:1], alone(runner, PROMPTS[1], TREES[1]),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_the_read_staging_doubles_but_never_past_what_the_budget_measured():
+    """Staging grows by doubling (a context grows a token a step), but no further than `staging_entries`, the
+    most one gathered read can need: what the KV budget's activation probe measured, and no more."""
+    runner = ModelRunner(tiny("llama"))
+    layout = runner.pool_layout()
+    cache = batch_cache.BatchKVCache(layout, batch_cache.KVLedger.for_rows(runner.kv_shape, 2, 16),
+                                     staging_entries=100)
+    like = torch.empty(1, layout.kv_heads, layout.head_dim)
+    sizes = [cache.staging(like, n)[0].shape[0] for n in (10, 11, 30, 70, 99)]
+    assert sizes == [10, 11, 30, 70, 99]  # each read gets what it asked for...
+    assert cache._staging[like.device][0].shape[0] == 100  # ...from a buffer that stopped at the bound (not 160)
+    free = batch_cache.BatchKVCache(layout, batch_cache.KVLedger.for_rows(runner.kv_shape, 2, 16))
+    for n in (10, 11, 30, 70, 99):
+        free.staging(like, n)
+    assert free._staging[like.device][0].shape[0] == 160  # unbounded: 10, 20, 40, 80, 160
