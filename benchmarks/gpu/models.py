@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from lookahead.core.draft import DraftTree
 from lookahead.model.models import LoadedModel, encode, load_model
 from loadtest.prompt_sets import prompt_path, read_prompts
 
@@ -107,11 +106,6 @@ def free_models() -> None:
 
 def prompts_of(lm: LoadedModel, name: str, n: int) -> list[list[int]]:
     return [encode(lm.tokenizer, r["prompt"], chat=True) for r in read_prompts(prompt_path(name), n)]
-
-
-def chain(tokens: list[int]) -> DraftTree:
-    k = len(tokens)
-    return DraftTree(list(tokens), list(range(-1, k - 1)), list(range(k)), [1.0] * k)
 
 
 def sync(device: str) -> None:

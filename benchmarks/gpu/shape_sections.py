@@ -11,7 +11,8 @@ from collections import defaultdict
 import torch
 from torch.autograd import DeviceType
 
-from benchmarks.gpu.models import Sizes, activities, chain, shaped_model
+from benchmarks.gpu.models import Sizes, activities, shaped_model
+from lookahead.core.draft import chain
 from benchmarks.gpu.record import SectionRecord, Throttle
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine.engine import Engine
@@ -91,7 +92,9 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
         for exact in (True, False):
             if rec.over():
                 return
-            step = lambda: runner.verify_batch(cache, trees, width, ragged=runner.ragged, exact=exact).argmax()  # noqa: E731,B023
+            def step(cache=cache, trees=trees, width=width, exact=exact):
+                return runner.verify_batch(cache, trees, width, ragged=runner.ragged, exact=exact).argmax()
+
             rec.put(("steps", f"{rows}x{width}", "exact" if exact else "stock"),
                     profile_step(step, sz.device, runner.num_layers))
         cache.close()

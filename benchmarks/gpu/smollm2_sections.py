@@ -12,10 +12,10 @@ import torch
 from benchmarks.agreement import divergence
 from benchmarks.bench import _top2, hf_logits, runner_logits
 from benchmarks.bench_engine import LevelRun, run_level
-from benchmarks.gpu.models import Sizes, activities, chain, prompts_of, smollm2, sync
+from benchmarks.gpu.models import Sizes, activities, prompts_of, smollm2, sync
 from benchmarks.gpu.record import Deadline, SectionRecord
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
-from lookahead.core.draft import DraftTree
+from lookahead.core.draft import DraftTree, chain
 from lookahead.engine.scheduler import SchedulerConfig
 from lookahead.model.reference import hf_generate
 from lookahead.model.runner import ModelRunner

@@ -62,6 +62,12 @@ def root_only(token: int) -> DraftTree:
     return DraftTree([token], [-1], [0], [1.0])
 
 
+def chain(tokens: list[int]) -> DraftTree:
+    """One branch: tokens[0] is the root, each next token the child of the one before (start-up probes, timing)."""
+    k = len(tokens)
+    return DraftTree(list(tokens), list(range(-1, k - 1)), list(range(k)), [1.0] * k)
+
+
 def _count(v: _Virtual) -> float:
     return sum(node.count * w for node, w in v)
 

@@ -16,7 +16,7 @@ from itertools import accumulate
 import torch
 
 from lookahead.model import attention
-from lookahead.core.draft import DraftTree
+from lookahead.core.draft import DraftTree, chain
 from lookahead.model.fast_linear import FastLinears
 from lookahead.model.batch_cache import BatchKVCache, PoolLayout, spare_bytes
 from lookahead.model.device_memory import CudaMemory, budget_terms
@@ -226,7 +226,7 @@ class ModelRunner:
             probe.ledger.reserve(whole, context + width)
             for _ in range(rows):
                 probe.attach(whole, context)
-            trees = [DraftTree([1] * width, list(range(-1, width - 1)), list(range(width)), [1.0] * width)] * rows
+            trees = [chain([1] * width)] * rows
             verify = self.memory.peak_during(devices, lambda: self.verify_batch(probe, trees, width).argmax())
             chunk = min(prefill_chunk, context)
             row = probe.row_cache(whole)
@@ -296,7 +296,8 @@ class ModelRunner:
         row_of = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(self.device)  # [tokens]
         slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)  # [tokens]
         layout = attention.RaggedQueries(len(trees), width, row_of, slot_of, counts, list(cache.lengths), split)
-        with torch.inference_mode(), self._active(layout, exact=exact, paged=plan if plan.read is not None else None):
+        paged = plan if plan.read is not None else None
+        with torch.inference_mode(), self._active(layout, exact=exact, paged=paged):
             out = self.model(input_ids=inputs.input_ids[row_of, slot_of][None],
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
                              position_ids=inputs.position_ids[row_of, slot_of][None], **kwargs)
@@ -387,19 +388,20 @@ class ModelRunner:
         ctx = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).tolist()
         single = self.new_cache(context + max_width + 1)
         self.prefill(single, ctx)
-        chain = lambda k: DraftTree(ctx[: k + 1], list(range(-1, k)), list(range(k + 1)), [1.0] * (k + 1))  # noqa: E731
         points: dict[tuple[str, int], dict[int, float]] = {}  # (layout, rows) -> {drafts in flight: ms}
         for r in rows_grid:
             cache = self.new_batch_cache(r, context + max_width + 1)
             for _ in range(r):
                 cache.admit(single, max_width + 1)
-            shapes = [("plain", 0, [chain(0)] * r)]
+            plain = chain(ctx[:1])
+            shapes = [("plain", 0, [plain] * r)]
             for layout in layouts:
                 drafting = r if layout != "split" else r // 4
                 k = 1
                 while drafting and k < max_width and r + drafting * k <= max_tokens:
                     if layout in layouts_of(r, drafting, layout != "padded"):
-                        shapes.append((layout, drafting * k, [chain(k)] * drafting + [chain(0)] * (r - drafting)))
+                        trees = [chain(ctx[: k + 1])] * drafting + [plain] * (r - drafting)
+                        shapes.append((layout, drafting * k, trees))
                     k *= 2
             best = {(lay, d): float("inf") for lay, d, _ in shapes}
             for timed in [False] + [True] * rounds:
