@@ -82,9 +82,12 @@ def test_a_burst_scales_onto_the_other_node_when_the_first_is_full(cluster, tiny
         cluster.call("delete", app="auto")
 
 
+LOCUST_RUN_S = 240  # locust stops itself by then; the test waits a minute longer, so a stuck request is reported
+
+
 def locust(url: str, requests_: int, records) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-                             "-u", "4", "-r", "4", "-t", "300s", "--host", url, "--model", "tiny",
+                             "-u", "4", "-r", "4", "-t", f"{LOCUST_RUN_S}s", "--host", url, "--model", "tiny",
                              "--endpoint", "completions", "--max-tokens", "16", "--requests", str(requests_),
                              "--records", str(records), "--loglevel", "WARNING"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -95,13 +98,34 @@ def test_replicas_spread_over_both_nodes_and_serve_through_both_proxies(cluster,
     nodes = cluster.call("nodes")["nodes"]
     placement = loads(cluster, "spread")
     assert sorted(load["node_id"] for load in placement.values()) == sorted(nodes.values()), (placement, nodes)
+    # Each proxy learns a new app's route on its own clock: the load starts once both route it.
+    probe = {"model": "tiny", "prompt": "ready?", "max_tokens": 2, "temperature": 0}
+
+    def routed(url: str) -> bool:
+        try:
+            return outcome(url + "/spread", probe) == "ok"
+        except (AssertionError, ValueError, requests.RequestException):  # a 404 in plain text before the route
+            return False
+
+    for name, url in cluster.urls.items():
+        assert wait_for(lambda: routed(url), 120), f"{name}'s proxy never routed /spread"
+    before = {load["node_id"]: load["completed"] for load in loads(cluster, "spread").values()}
     runs = {name: locust(url + "/spread", 8, tmp_path / f"{name}.jsonl") for name, url in cluster.urls.items()}
+    records = {}
     for name, proc in runs.items():
-        assert proc.wait(timeout=300) == 0, f"locust through {name}'s proxy: {proc.stderr.read()[-2000:]}"
-    records = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
-               for name in runs}
+        try:
+            code = proc.wait(timeout=LOCUST_RUN_S + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        path = tmp_path / f"{name}.jsonl"
+        records[name] = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        # Which requests finished, and each replica's queue, say where a stuck request is when this fails.
+        assert code == 0, (f"locust through {name}'s proxy exited {code}: {proc.stderr.read()[-2000:]}; "
+                           f"finished: {records[name]}; replicas: {loads(cluster, 'spread')}")
     assert all(len(r) == 8 and all(rec["ok"] for rec in r) for r in records.values()), records
-    served = {load["node_id"]: load["completed"] for load in loads(cluster, "spread").values()}
+    served = {load["node_id"]: load["completed"] - before[load["node_id"]]
+              for load in loads(cluster, "spread").values()}
     by_node = {name: served[node_id] for name, node_id in nodes.items()}
     print(f"\n16 requests (8 through each node's proxy) served per replica, by node: {by_node}")
     assert sum(by_node.values()) == 16 and min(by_node.values()) > 0
