@@ -79,7 +79,7 @@ def profile_step(step, device: str, layers: int, top: int = TOP_KERNELS) -> dict
 
 def profile(rec: SectionRecord, sz: Sizes) -> None:
     """One decode step of the shape, at each (rows, width) of `profile_batches` after `profile_context` tokens
-    in every row, with exact forwards and with the stock kernels."""
+    in every row, with exact forwards and with the stock kernels, and exact through the Hugging Face forward."""
     model = shaped_model(sz.profile_shape, sz.device)
     runner = ModelRunner(model)
     runner.check_tree_masks()
@@ -89,14 +89,19 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
     for rows, width in sz.profile_batches:
         cache = _batch(runner, single, rows, widest + 1)
         trees = [chain(tokens[:width])] * rows
-        for exact in (True, False):
-            if rec.over():
-                return
+        # The decoder step (decoder_step.py) exact and stock, and the Hugging Face forward it replaces, exact
+        own = runner.step
+        for name, exact, step_of in (("exact", True, own), ("stock", False, own), ("exact_hf_forward", True, None)):
+            if rec.over() or name == "exact_hf_forward" and own is None:
+                continue
             def step(cache=cache, trees=trees, width=width, exact=exact):
                 return runner.verify_batch(cache, trees, width, ragged=runner.ragged, exact=exact).argmax()
 
-            rec.put(("steps", f"{rows}x{width}", "exact" if exact else "stock"),
-                    profile_step(step, sz.device, runner.num_layers))
+            runner.step = step_of
+            try:
+                rec.put(("steps", f"{rows}x{width}", name), profile_step(step, sz.device, runner.num_layers))
+            finally:
+                runner.step = own
         cache.close()
 
 

@@ -61,6 +61,7 @@ class ForwardPlan:
     first: int  # one row: where its range starts
     read: PoolRead | None = None  # several rows read in place (paged_attention): update() returns the pool itself
     kernel: PagedKernel | None = None  # what reads it (with `read`)
+    owner: "BatchKVCache | None" = None  # the cache it plans for (its read staging)
     _on: dict = field(default_factory=dict)  # device -> (dst, src) there (layers may sit on several devices)
 
     def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -253,11 +254,12 @@ class BatchKVCache(Cache):
         return got[0][:entries], got[1][:entries]
 
     # ---- forwards --------------------------------------------------------
-    def begin_forward(self, width: int, counts: list[int] | None = None) -> ForwardPlan:
+    def begin_forward(self, width: int, counts: list[int] | None = None, read_in_place: bool = False) -> ForwardPlan:
         """Plan the writes and reads of a forward `width` tokens wide for every running row.
 
         With `counts` the forward is ragged: row b sends only its first counts[b]
-        tree tokens, packed row after row into one sequence.
+        tree tokens, packed row after row into one sequence. `read_in_place`: one row is read in place by the
+        paged kernel too, not as a view (the decoder step's attention takes the kernel whenever it can).
         """
         n = self.rows
         sent = counts if counts is not None else [width] * n
@@ -266,7 +268,7 @@ class BatchKVCache(Cache):
         starts = [o + l for o, l in zip(self.offsets, self.lengths)]  # [rows] first pool slot this forward writes
         dst = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, sent)])  # [batch * tokens]
         src = read = None
-        if n > 1 and self.paged is not None:
+        if (n > 1 or read_in_place) and self.paged is not None:
             starts = [0, *accumulate(sent[:-1])] if counts is not None else range(0, n * width, width)
             token = self.layers[0].keys.stride(0)  # elements per pool slot
             read = PoolRead(torch.tensor(self.offsets) * token,
@@ -278,7 +280,7 @@ class BatchKVCache(Cache):
             src = (torch.tensor(self.offsets)[:, None] + torch.minimum(pos, last)).flatten()  # [rows * kv_len]
         batch, tokens = (1, sum(sent)) if counts is not None else (n, width)
         self.plan = ForwardPlan(batch, tokens, n, kv_len, counts is not None, dst, src, self.offsets[0], read,
-                                self.paged if read is not None else None)
+                                self.paged if read is not None else None, weakref.proxy(self))
         for key, l, c in zip(self.keys_of, self.lengths, sent):
             self.ledger.hold(key, l + c)
         return self.plan

@@ -104,6 +104,10 @@ class NativeLinear:
     def __call__(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
         return exact_linear.kernel()(x, mod.weight, self.bias)
 
+    def mm(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+        """x [rows, in] contiguous in the weight's dtype -> [rows, out]."""
+        return exact_linear.kernel().mm(x, mod.weight, self.bias)
+
 
 class Float64Linear:
     """CPU without the native kernel: a float64 copy, exact sums (see the module docstring)."""
@@ -116,6 +120,8 @@ class Float64Linear:
         if mod.bias is not None:
             y = y + mod.bias.double()
         return y.to(x.dtype).reshape(*x.shape[:-1], self.weight.shape[1])
+
+    mm = __call__
 
 
 class FixedRowsLinear:
@@ -140,6 +146,10 @@ class FixedRowsLinear:
             flat = torch.cat((flat, flat.new_zeros(pad, flat.shape[1])))
         y = torch.cat([F.linear(chunk, mod.weight, mod.bias) for chunk in flat.split(self.rows)])  # [n + pad, out]
         return y[:n].reshape(*x.shape[:-1], y.shape[1])
+
+    def mm(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+        """x [rows, in]: one call when it already has the fixed row count (a step padded to it)."""
+        return F.linear(x, mod.weight, mod.bias) if x.shape[0] == self.rows else self(x, mod)
 
 
 def exact_path(mod: torch.nn.Linear):
@@ -188,11 +198,16 @@ class FastLinears:
     """Installs the fast path on every nn.Linear of a model, active only inside `active()`; with `exact`, the
     exact path instead (half-precision weights; `exact_path`)."""
 
-    def __init__(self, model: torch.nn.Module, enabled: bool, pack: bool | None = None, exact: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, enabled: bool, pack: bool | None = None, exact: bool = False,
+                 extra: tuple[torch.nn.Linear, ...] = (), unpacked: tuple[torch.nn.Linear, ...] = ()) -> None:
+        """`extra`: linears outside the model that get the same paths (the decoder step's fused weights);
+        `unpacked`: the model's linears those replace in decode steps, not packed (prefill's rows do not need it)."""
         self.on = False
         self.packed = False
         self.exact = exact
-        linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear]
+        self.enabled = enabled and not exact
+        skip = {id(m) for m in unpacked}
+        linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear] + list(extra)
         for mod in linears:  # an exact runner's stock-kernel forwards (prefill) take _fast_linear too
             mod._lookahead_rows_via_wx = ROWS_VIA_WX
         if exact:
@@ -202,13 +217,14 @@ class FastLinears:
             return
         if not enabled:
             return
+        to_pack = [mod for mod in linears if id(mod) not in skip]
         if pack is None:
-            pack = self._should_pack(linears)
+            pack = self._should_pack(to_pack)
         if pack:
-            for mod in linears:
+            for mod in to_pack:
                 mod._lookahead_packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), PACK_HINT)
             self.packed = True
-            _rows_via_wx(linears)
+            _rows_via_wx(to_pack)
         for mod in linears:
             mod.forward = types.MethodType(self._make_forward(), mod)
 
@@ -234,6 +250,22 @@ class FastLinears:
             return F.linear(x, mod.weight, mod.bias)
 
         return forward
+
+    def linear2d(self, x: torch.Tensor, mod: torch.nn.Linear, exact: bool) -> torch.Tensor:
+        """x [rows, in] contiguous -> [rows, out]: the path `active()` gives `mod` (`exact`: the exact one, on an
+        exact instance), in the fewest dispatched ops: the decoder step's linears (decoder_step.py)."""
+        if exact and self.exact:
+            return mod._lookahead_exact.mm(x, mod)
+        if not self.enabled:
+            return F.linear(x, mod.weight, mod.bias)
+        rows, via_wx = x.shape[0], mod._lookahead_rows_via_wx
+        packed = getattr(mod, "_lookahead_packed", None)
+        if rows == 1 and via_wx >= 1 or rows > via_wx and packed is None and rows > 16:
+            return _fast_linear(x, mod)
+        if rows > via_wx and packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, mod.bias, "none", [], "")
+        y = torch.mm(mod.weight, x.t()).t()  # as _fast_linear computes it: the same bits
+        return y if mod.bias is None else y + mod.bias
 
     @contextmanager
     def active(self):

@@ -19,6 +19,8 @@ from lookahead.model import attention
 from lookahead.core.draft import DraftTree, chain
 from lookahead.model.fast_linear import FastLinears
 from lookahead.model.batch_cache import BatchKVCache, PoolLayout, spare_bytes
+from lookahead.model.decoder_step import DecoderStep, StepBatch
+from lookahead.model.paged_attention import PoolRead
 from lookahead.model.device_memory import CudaMemory, budget_terms
 from lookahead.model.kv_cache import KVCache
 from lookahead.model.kv_memory import Budget, KVLedger, KVShape, host_available_bytes, kv_budget
@@ -44,6 +46,7 @@ class _Hooks:
     attn: attention.AttentionSwitch
     packed_attention: bool
     exact: bool  # what the first runner asked for: every runner of the model must ask the same
+    step: DecoderStep | None  # the decode step's own forward (decoder_step.py), where the model allows it
 
 
 @dataclass
@@ -129,12 +132,19 @@ class ModelRunner:
         hooks = getattr(model, "_lookahead_hooks", None)
         if hooks is None:
             switch = attention.AttentionSwitch(exact=exact)
-            linears = FastLinears(model, fast_small_matmul, exact=exact)
-            hooks = _Hooks(linears, switch, attention.install(model, switch), exact)
+            step = DecoderStep.of(model)
+            linears = FastLinears(model, fast_small_matmul, exact=exact, extra=step.fused if step else (),
+                                  unpacked=tuple(step.replaced) if step else ())
+            packed = attention.install(model, switch)
+            if step is not None:
+                step.fast = linears
+                step = step if packed else None  # (the same attention arithmetic as the installed hook's)
+            hooks = _Hooks(linears, switch, packed, exact, step)
             model._lookahead_hooks = hooks
         elif hooks.exact != exact:
             raise ValueError(f"this model already has a runner with exact={hooks.exact}; one runner per model")
         self._fast, self._attn, self.packed_attention = hooks.fast, hooks.attn, hooks.packed_attention
+        self.step = hooks.step  # None: every forward through the model's own (Hugging Face) code
         self.exact = exact and self.packed_attention  # exact attention needs the installed hook
         self._exact_linears = self._fast.exact
         self.ragged = self.packed_attention  # confirmed or withdrawn by check_tree_masks
@@ -203,7 +213,9 @@ class ModelRunner:
     def weight_bytes(self, device: torch.device) -> int:
         """This model's parameters and buffers on `device`."""
         tensors = [*self.model.parameters(), *self.model.buffers()]
-        return sum(t.numel() * t.element_size() for t in tensors if t.device == device)
+        # by storage: the decoder step leaves the model's projections as views of its fused weights
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device == device}
+        return sum(storages.values())
 
     def _accelerated(self) -> list[torch.device]:
         return sorted({d for d in self.layer_devices() if self.memory.accelerated(d)}, key=str)
@@ -283,6 +295,8 @@ class ModelRunner:
         ragged forward's attention row by row (the plan's layout "split"), or not; None: wherever allowed.
         `exact=False`: the stock kernels even on an exact runner (to measure what exactness costs).
         """
+        if self.step is not None:
+            return self._step_batch(cache, trees, width, ragged, exact)
         inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
         kwargs = {self._cache_kw: cache, "use_cache": True}
         counts = [len(t.tokens) for t in trees]
@@ -302,6 +316,73 @@ class ModelRunner:
                              attention_mask=inputs.attention_mask,  # [rows, 1, width, kv_len]: attention reads it per row
                              position_ids=inputs.position_ids[row_of, slot_of][None], **kwargs)
         return BatchLogits(out.logits[0].float(), layout.starts)
+
+    def _step_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int, ragged: bool, exact: bool
+                    ) -> BatchLogits:
+        """verify_batch through the decoder step (decoder_step.py): the same layouts, the same arithmetic."""
+        counts = [len(t.tokens) for t in trees]
+        ragged = ragged and self.ragged and any(c != width for c in counts)
+        if not ragged and len(trees) == 1 and self._fast.enabled:
+            width = max(width, 2)  # one token takes W @ x.T as two (fast_linear): pad the step, not every linear
+        inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
+        plan = cache.begin_forward(width, counts if ragged else None, read_in_place=True)
+        dst, src = plan.on(self.device)
+        ids, positions = inputs.input_ids, inputs.position_ids
+        layout = None
+        if ragged:
+            row_of = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts)).to(self.device)
+            slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)
+            layout = attention.RaggedQueries(len(trees), width, row_of, slot_of, counts, list(cache.lengths), False)
+            ids, positions = ids[row_of, slot_of], positions[row_of, slot_of]
+        batch = StepBatch(ids.flatten(), positions.flatten(), inputs.attention_mask, dst, len(trees), width, layout)
+        exact = exact and self.exact
+        step = self.step
+        if plan.read is not None:
+            kernel, read = plan.kernel, plan.read
+
+            def attend(i, q, keys, values, batch):
+                return kernel.attend(q, keys, values, read, batch.mask, step.scale)
+        else:
+            modules = self._attention_modules()
+
+            def attend(i, q, keys, values, batch):
+                return self._gathered_attention(modules[i], q, keys, values, batch, plan, src, exact)
+
+        pools = [(layer.keys, layer.values) for layer in cache.layers]
+        logits = step.forward(batch, pools, attend, exact)
+        starts = layout.starts if layout is not None else [b * width for b in range(len(trees))]
+        return BatchLogits(logits, starts)
+
+    def _attention_modules(self) -> list[torch.nn.Module]:
+        return [layer.self_attn for layer in self.model.model.layers]
+
+    def _gathered_attention(self, module, q, keys, values, batch: StepBatch, plan, src, exact: bool):
+        """Attention where the pool is not read in place (no paged kernel: CUDA, no compiler): a row's range is
+        a view and several rows are gathered (as the batch cache's update() does), then the padded layout's
+        SDPA, or the exact float64 path. q [tokens, heads, dim] -> [tokens, heads, dim]."""
+        if src is None:
+            view = lambda t: t[plan.first : plan.first + plan.kv_len].transpose(0, 1)[None]  # noqa: E731
+            k, v = view(keys), view(values)
+        else:
+            k, v = plan.owner.staging(keys, plan.rows * plan.kv_len)
+            torch.index_select(keys, 0, src, out=k)
+            torch.index_select(values, 0, src, out=v)
+            shape = (plan.rows, plan.kv_len, *keys.shape[1:])
+            k, v = k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [rows, kv_heads, kv_len, dim]
+        layout, heads, d = batch.ragged, q.shape[1], q.shape[2]
+        if layout is None:
+            padded = q.view(batch.rows, batch.width, heads, d).transpose(1, 2)  # [rows, heads, width, dim]
+        else:
+            padded = q.new_zeros((batch.rows, batch.width, heads, d))
+            padded[layout.row_of, layout.slot_of] = q
+            padded = padded.transpose(1, 2)
+        if exact:
+            out, _ = attention.exact_sdpa(module, padded, k, v, batch.mask, scaling=self.step.scale)
+        else:
+            out, _ = attention._tree_sdpa(module, padded, k, v, batch.mask, scaling=self.step.scale)
+        if layout is None:
+            return out.reshape(-1, heads, d)  # [rows, width, heads, dim] -> [tokens, heads, dim]
+        return out[layout.row_of, layout.slot_of]
 
     # ---- start-up checks -------------------------------------------------
     @torch.inference_mode()

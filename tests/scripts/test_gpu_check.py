@@ -45,7 +45,7 @@ def test_profile_lists_the_kernels_of_each_step_exact_and_stock(smoke):
     p = smoke["P_profile"]["result"]
     assert set(p["steps"]) == {"1x1", "4x4"}
     for batch in p["steps"].values():
-        assert set(batch) == {"exact", "stock"}
+        assert set(batch) == {"exact", "stock", "exact_hf_forward"}
         for step in batch.values():
             assert step["wall_ms"] > 0 and step["kernel_us"] > 0 and 0 < step["top_share_of_kernels"] <= 1
             assert 0 < len(step["top"]) <= 15 and all(k["name"] and k["calls"] >= 1 for k in step["top"])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lookahead.model import attention, batch_cache
+from lookahead.model import attention, batch_cache, decoder_step
 from lookahead.core.planner import split_attention
 from lookahead.core.draft import DraftTree
 from lookahead.model.runner import DeviceClock, ModelRunner
@@ -19,6 +19,13 @@ PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [2, 7], [6, 6, 6, 6]]  # different lengths: KV
 # One row of five drafting: attention goes row by row (attention.split_attention), not in the padded layout.
 SPLIT_TREES = [TREES[1], TREES[0], TREES[1], DraftTree([7], [-1], [0], [1.0]), TREES[1]]
 SPLIT_PROMPTS = PROMPTS + [[8, 1, 1], [5]]
+
+
+@pytest.fixture(autouse=True)
+def _hf_forward(monkeypatch):
+    """These are the Hugging Face forward's layouts (attention.py: what GLM and any model outside the decoder
+    step run); the decoder step is held to this forward in test_decoder_step.py."""
+    monkeypatch.setenv(decoder_step.ENV, "0")
 
 
 def batch(runner, prompts):
