@@ -81,6 +81,7 @@ class StepBatch:
     rows: int
     width: int
     ragged: attention.RaggedQueries | None  # packed rows' layout, None when padded (rows x width)
+    lone: bool = False  # one token and a padding copy: the CPU's `W @ x.T` pair for a lone row (fast_linear)
 
 
 def _fuse(mods: list[torch.nn.Linear]) -> torch.nn.Linear:
@@ -169,8 +170,8 @@ class DecoderStep:
             return F.rms_norm(x.float(), weight.shape, None, self.eps).to(x.dtype) * weight
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
-    def _linear(self, x: torch.Tensor, mod: torch.nn.Linear, exact: bool) -> torch.Tensor:
-        return self.fast.linear2d(x, mod, exact)
+    def _linear(self, x: torch.Tensor, mod: torch.nn.Linear, exact: bool, lone: bool) -> torch.Tensor:
+        return self.fast.linear2d(x, mod, exact, lone)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pools: list[tuple[torch.Tensor, torch.Tensor]], attend, exact: bool
@@ -181,14 +182,15 @@ class DecoderStep:
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         x = self.embed(batch.ids)  # [tokens, hidden]
         cos, sin = self.rotary(x, batch.positions[None])  # [1, tokens, dim] each, in x's dtype
+        tokens, lone = x.shape[0], batch.lone
+        # q and k heads rotate; v heads pass through (x * 1 + roll(x) * 0 is x, bit for bit)
+        rotated = torch.arange(h + 2 * kvh, device=x.device)[None, :, None] < h + kvh  # [1, heads + 2 kv, 1]
         cos, sin = cos[0, :, None], (sin[0] * self.sign)[:, None]  # [tokens, 1, dim]
-        tokens = x.shape[0]
+        cos_qkv, sin_qkv = torch.where(rotated, cos, 1), torch.where(rotated, sin, 0)  # [tokens, heads + 2 kv, dim]
         for i, (layer, (keys, values)) in enumerate(zip(self.layers, pools)):
-            qkv = self._linear(self._rms(x, layer.ln1), layer.qkv, exact).view(tokens, h + 2 * kvh, d)
+            qkv = self._linear(self._rms(x, layer.ln1), layer.qkv, exact, lone).view(tokens, h + 2 * kvh, d)
             if layer.q_norm is None:
-                qk, v = qkv.split((h + kvh, kvh), 1)
-                qk = qk * cos + qk.roll(d // 2, -1) * sin  # [tokens, heads + kv_heads, dim]
-                q, k = qk[:, :h], qk[:, h:]
+                q, k, v = (qkv * cos_qkv + qkv.roll(d // 2, -1) * sin_qkv).split((h, kvh, kvh), 1)
             else:
                 q, k, v = qkv.split((h, kvh, kvh), 1)
                 q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
@@ -197,7 +199,7 @@ class DecoderStep:
             keys.index_copy_(0, batch.dst, k)
             values.index_copy_(0, batch.dst, v)
             out = attend(i, q, keys, values, batch)  # [tokens, heads, dim]
-            x = x + self._linear(out.view(tokens, h * d), layer.o, exact)
-            gate, up = self._linear(self._rms(x, layer.ln2), layer.gate_up, exact).chunk(2, -1)
-            x = x + self._linear(F.silu(gate) * up, layer.down, exact)
-        return self._linear(self._rms(x, self.norm), self.lm_head, exact).float()
+            x = x + self._linear(out.view(tokens, h * d), layer.o, exact, lone)
+            gate, up = self._linear(self._rms(x, layer.ln2), layer.gate_up, exact, lone).chunk(2, -1)
+            x = x + self._linear(F.silu(gate) * up, layer.down, exact, lone)
+        return self._linear(self._rms(x, self.norm), self.lm_head, exact, lone).float()

@@ -251,21 +251,32 @@ class FastLinears:
 
         return forward
 
-    def linear2d(self, x: torch.Tensor, mod: torch.nn.Linear, exact: bool) -> torch.Tensor:
+    def linear2d(self, x: torch.Tensor, mod: torch.nn.Linear, exact: bool, lone: bool = False) -> torch.Tensor:
         """x [rows, in] contiguous -> [rows, out]: the path `active()` gives `mod` (`exact`: the exact one, on an
-        exact instance), in the fewest dispatched ops: the decoder step's linears (decoder_step.py)."""
+        exact instance), in the fewest dispatched ops: the decoder step's linears (decoder_step.py). `lone`: x is
+        one row and a padding row, the pair `_fast_linear` makes of a lone row itself (the same path, the same
+        bits)."""
         if exact and self.exact:
             return mod._lookahead_exact.mm(x, mod)
         if not self.enabled:
             return F.linear(x, mod.weight, mod.bias)
-        rows, via_wx = x.shape[0], mod._lookahead_rows_via_wx
+        rows, via_wx = 1 if lone else x.shape[0], mod._lookahead_rows_via_wx
+        if lone and via_wx >= 1:
+            return self._via_wx(x, mod)
         packed = getattr(mod, "_lookahead_packed", None)
         if rows == 1 and via_wx >= 1 or rows > via_wx and packed is None and rows > 16:
             return _fast_linear(x, mod)
         if rows > via_wx and packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, packed, mod.bias, "none", [], "")
-        y = torch.mm(mod.weight, x.t()).t()  # as _fast_linear computes it: the same bits
-        return y if mod.bias is None else y + mod.bias
+        return self._via_wx(x, mod)
+
+    @staticmethod
+    def _via_wx(x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
+        """`W @ x.T` as _fast_linear computes it (the same bits), made row-major again: the next linear's `x.T`
+        must be a transposed view for BLAS's fast path (a column-major x took 4x as long in SmolLM2's down
+        projection)."""
+        y = torch.mm(mod.weight, x.t()).t()
+        return y.contiguous() if mod.bias is None else y + mod.bias  # (the sum is row-major already)
 
     @contextmanager
     def active(self):

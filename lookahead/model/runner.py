@@ -322,8 +322,9 @@ class ModelRunner:
         """verify_batch through the decoder step (decoder_step.py): the same layouts, the same arithmetic."""
         counts = [len(t.tokens) for t in trees]
         ragged = ragged and self.ragged and any(c != width for c in counts)
-        if not ragged and len(trees) == 1 and self._fast.enabled:
-            width = max(width, 2)  # one token takes W @ x.T as two (fast_linear): pad the step, not every linear
+        lone = not ragged and len(trees) == 1 and width == 1 and self._fast.enabled
+        if lone:
+            width = 2  # one token takes W @ x.T as two (fast_linear): pad the step once, not every linear
         inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
         plan = cache.begin_forward(width, counts if ragged else None, read_in_place=True)
         dst, src = plan.on(self.device)
@@ -334,7 +335,8 @@ class ModelRunner:
             slot_of = torch.cat([torch.arange(c) for c in counts]).to(self.device)
             layout = attention.RaggedQueries(len(trees), width, row_of, slot_of, counts, list(cache.lengths), False)
             ids, positions = ids[row_of, slot_of], positions[row_of, slot_of]
-        batch = StepBatch(ids.flatten(), positions.flatten(), inputs.attention_mask, dst, len(trees), width, layout)
+        batch = StepBatch(ids.flatten(), positions.flatten(), inputs.attention_mask, dst, len(trees), width, layout,
+                          lone)
         exact = exact and self.exact
         step = self.step
         if plan.read is not None:
