@@ -61,7 +61,6 @@ class ForwardPlan:
     first: int  # one row: where its range starts
     read: PoolRead | None = None  # several rows read in place (paged_attention): update() returns the pool itself
     kernel: PagedKernel | None = None  # what reads it (with `read`)
-    owner: "BatchKVCache | None" = None  # the cache it plans for (its read staging)
     _on: dict = field(default_factory=dict)  # device -> (dst, src) there (layers may sit on several devices)
 
     def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -92,14 +91,7 @@ class _PoolLayer(CacheLayerMixin):
             pool.index_copy_(0, dst, new.transpose(1, 2).flatten(0, 1))  # [batch * tokens, heads, dim]
         if p.read is not None:
             return self.keys, self.values  # [pool_tokens, heads, dim]: attention reads it at p.read's offsets
-        if src is None:
-            view = lambda t: t[p.first : p.first + p.kv_len].transpose(0, 1)[None]  # noqa: E731
-            return view(self.keys), view(self.values)
-        k, v = self.owner.staging(self.keys, p.rows * p.kv_len)
-        torch.index_select(self.keys, 0, src, out=k)
-        torch.index_select(self.values, 0, src, out=v)
-        shape = (p.rows, p.kv_len, *self.keys.shape[1:])
-        return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [rows, heads, kv_len, dim]
+        return self.owner.read_rows(self.keys, self.values, p)
 
     def get_seq_length(self) -> int:
         return max(self.owner.lengths, default=0)
@@ -253,6 +245,19 @@ class BatchKVCache(Cache):
             self._staging[like.device] = got
         return got[0][:entries], got[1][:entries]
 
+    def read_rows(self, keys: torch.Tensor, values: torch.Tensor, plan: ForwardPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """What attention reads of one layer's pool `keys`/`values` where it is not read in place: one row's range
+        as a view, several rows gathered into the read staging; [rows, kv_heads, kv_len, dim] each."""
+        _, src = plan.on(keys.device)
+        if src is None:
+            view = lambda t: t[plan.first : plan.first + plan.kv_len].transpose(0, 1)[None]  # noqa: E731
+            return view(keys), view(values)
+        k, v = self.staging(keys, plan.rows * plan.kv_len)
+        torch.index_select(keys, 0, src, out=k)
+        torch.index_select(values, 0, src, out=v)
+        shape = (plan.rows, plan.kv_len, *keys.shape[1:])
+        return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
+
     # ---- forwards --------------------------------------------------------
     def begin_forward(self, width: int, counts: list[int] | None = None, read_in_place: bool = False) -> ForwardPlan:
         """Plan the writes and reads of a forward `width` tokens wide for every running row.
@@ -280,7 +285,7 @@ class BatchKVCache(Cache):
             src = (torch.tensor(self.offsets)[:, None] + torch.minimum(pos, last)).flatten()  # [rows * kv_len]
         batch, tokens = (1, sum(sent)) if counts is not None else (n, width)
         self.plan = ForwardPlan(batch, tokens, n, kv_len, counts is not None, dst, src, self.offsets[0], read,
-                                self.paged if read is not None else None, weakref.proxy(self))
+                                self.paged if read is not None else None)
         for key, l, c in zip(self.keys_of, self.lengths, sent):
             self.ledger.hold(key, l + c)
         return self.plan

@@ -20,7 +20,6 @@ from lookahead.core.draft import DraftTree, chain
 from lookahead.model.fast_linear import FastLinears
 from lookahead.model.batch_cache import BatchKVCache, PoolLayout, spare_bytes
 from lookahead.model.decoder_step import DecoderStep, StepBatch
-from lookahead.model.paged_attention import PoolRead
 from lookahead.model.device_memory import CudaMemory, budget_terms
 from lookahead.model.kv_cache import KVCache
 from lookahead.model.kv_memory import Budget, KVLedger, KVShape, host_available_bytes, kv_budget
@@ -327,7 +326,7 @@ class ModelRunner:
             width = 2  # one token takes W @ x.T as two (fast_linear): pad the step once, not every linear
         inputs = batch_tree_inputs(trees, cache.lengths, width, self.device)
         plan = cache.begin_forward(width, counts if ragged else None, read_in_place=True)
-        dst, src = plan.on(self.device)
+        dst, _ = plan.on(self.device)
         ids, positions = inputs.input_ids, inputs.position_ids
         layout = None
         if ragged:
@@ -348,7 +347,7 @@ class ModelRunner:
             modules = self._attention_modules()
 
             def attend(i, q, keys, values, batch):
-                return self._gathered_attention(modules[i], q, keys, values, batch, plan, src, exact)
+                return self._gathered_attention(modules[i], q, keys, values, batch, cache, exact)
 
         pools = [(layer.keys, layer.values) for layer in cache.layers]
         logits = step.forward(batch, pools, attend, exact)
@@ -358,33 +357,19 @@ class ModelRunner:
     def _attention_modules(self) -> list[torch.nn.Module]:
         return [layer.self_attn for layer in self.model.model.layers]
 
-    def _gathered_attention(self, module, q, keys, values, batch: StepBatch, plan, src, exact: bool):
-        """Attention where the pool is not read in place (no paged kernel: CUDA, no compiler): a row's range is
-        a view and several rows are gathered (as the batch cache's update() does), then the padded layout's
-        SDPA, or the exact float64 path. q [tokens, heads, dim] -> [tokens, heads, dim]."""
-        if src is None:
-            view = lambda t: t[plan.first : plan.first + plan.kv_len].transpose(0, 1)[None]  # noqa: E731
-            k, v = view(keys), view(values)
-        else:
-            k, v = plan.owner.staging(keys, plan.rows * plan.kv_len)
-            torch.index_select(keys, 0, src, out=k)
-            torch.index_select(values, 0, src, out=v)
-            shape = (plan.rows, plan.kv_len, *keys.shape[1:])
-            k, v = k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)  # [rows, kv_heads, kv_len, dim]
-        layout, heads, d = batch.ragged, q.shape[1], q.shape[2]
-        if layout is None:
-            padded = q.view(batch.rows, batch.width, heads, d).transpose(1, 2)  # [rows, heads, width, dim]
-        else:
-            padded = q.new_zeros((batch.rows, batch.width, heads, d))
-            padded[layout.row_of, layout.slot_of] = q
-            padded = padded.transpose(1, 2)
-        if exact:
-            out, _ = attention.exact_sdpa(module, padded, k, v, batch.mask, scaling=self.step.scale)
-        else:
-            out, _ = attention._tree_sdpa(module, padded, k, v, batch.mask, scaling=self.step.scale)
-        if layout is None:
-            return out.reshape(-1, heads, d)  # [rows, width, heads, dim] -> [tokens, heads, dim]
-        return out[layout.row_of, layout.slot_of]
+    def _gathered_attention(self, module, q, keys, values, batch: StepBatch, cache: BatchKVCache, exact: bool):
+        """Attention where the pool is not read in place (no paged kernel: CUDA, no compiler): the rows the
+        batch cache gives (`read_rows`), then the padded layout's SDPA, or the exact float64 path, as the HF
+        forward's hook takes them (attention.py). q [tokens, heads, dim] -> [tokens, heads, dim]."""
+        k, v = cache.read_rows(keys, values, cache.plan)
+        sdpa = attention.exact_sdpa if exact else attention._tree_sdpa
+        if batch.ragged is not None:
+            out, _ = attention._ragged_sdpa(module, q.transpose(0, 1)[None], k, v, batch.mask, self.step.scale,
+                                            batch.ragged, sdpa)
+            return out[0]
+        padded = q.view(batch.rows, batch.width, *q.shape[1:]).transpose(1, 2)  # [rows, heads, width, dim]
+        out, _ = sdpa(module, padded, k, v, batch.mask, scaling=self.step.scale)
+        return out.reshape(q.shape)  # [rows, width, heads, dim] -> [tokens, heads, dim]
 
     # ---- start-up checks -------------------------------------------------
     @torch.inference_mode()

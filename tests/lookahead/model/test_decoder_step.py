@@ -27,14 +27,19 @@ def runners(family: str, dtype: torch.dtype, monkeypatch, **overrides) -> tuple[
     return with_step, without
 
 
-def batch_logits(runner: ModelRunner, rows: int, ragged: bool) -> list[torch.Tensor]:
+def batch_logits(runner: ModelRunner, rows: int, ragged: bool, in_place: bool = True) -> list[torch.Tensor]:
+    """Each row's tree logits from one batch forward over PROMPTS[:rows]; `in_place=False`: the cache has no
+    paged kernel, so attention reads gathered rows (CUDA, no compiler)."""
     cache = runner.new_batch_cache(rows, 64)
+    if not in_place:
+        cache.paged = None
     for prompt in PROMPTS[:rows]:
         single = runner.new_cache(64)
         runner.prefill(single, prompt)
         cache.admit(single, 16)
     trees = TREES[:rows]
     out = runner.verify_batch(cache, trees, max(len(t.tokens) for t in trees), ragged=ragged)
+    assert in_place or cache.plan is None or cache.plan.read is None
     return [out[b][: len(t.tokens)] for b, t in enumerate(trees)]
 
 
@@ -56,17 +61,7 @@ def test_step_gathers_where_the_pool_cannot_be_read_in_place(dtype, monkeypatch)
     """No paged kernel (CUDA, no compiler): the step gathers rows and takes SDPA / exact attention."""
     step, hf = runners("qwen2", dtype, monkeypatch)
     for rows, ragged in ((1, False), (4, False), (4, True)):
-        cache = step.new_batch_cache(rows, 64)
-        cache.paged = None
-        for prompt in PROMPTS[:rows]:
-            single = step.new_cache(64)
-            step.prefill(single, prompt)
-            cache.admit(single, 16)
-        trees = TREES[:rows]
-        out = step.verify_batch(cache, trees, max(len(t.tokens) for t in trees), ragged=ragged)
-        assert cache.plan is None or cache.plan.read is None
-        for b, expected in enumerate(batch_logits(hf, rows, ragged)):
-            got = out[b][: len(trees[b].tokens)]
+        for got, expected in zip(batch_logits(step, rows, ragged, in_place=False), batch_logits(hf, rows, ragged)):
             assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
             # bf16: float64 attention against the kernel's float32 one, each rounded to bf16
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 if dtype == torch.float32 else 0.07)
