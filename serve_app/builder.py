@@ -32,6 +32,13 @@ def deployment_options(m: ModelConfig) -> dict:
         "health_check_period_s": d.health_check_period_s,
         "health_check_timeout_s": d.health_check_timeout_s,
     }
+    if m.routing == "prefix_affinity":
+        from ray.serve.config import RequestRouterConfig
+
+        from .prefix_router import ROUTER_PATH
+
+        opts["request_router_config"] = RequestRouterConfig(
+            request_router_class=ROUTER_PATH, request_router_kwargs={"imbalanced_threshold": m.imbalance_bound})
     if d.max_replicas_per_node is not None:
         opts["max_replicas_per_node"] = d.max_replicas_per_node
     if d.autoscaling_config is not None:

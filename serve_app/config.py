@@ -40,6 +40,11 @@ class LookaheadSettings(Strict):
     # loaded at start (a corrupt or foreign file is logged and ignored), saved every interval and at shutdown.
     memory_path: str | None = None
     memory_save_interval_s: float = Field(300, gt=0)
+    # One output memory for all the deployment's replicas (serve_app/fleet.py): each pushes what it learnt and
+    # pulls what the others did every shared_memory_sync_s; a new replica starts from all of it. A replica that
+    # cannot reach it serves on its own memory. Off: each replica learns alone.
+    shared_memory: bool = True
+    shared_memory_sync_s: float = Field(2.0, gt=0, le=3600)
     # Bounds on what one request may ask for in its `lookahead` object (default: the values above).
     max_decoding_length: int | None = Field(None, ge=0, le=1024)
     max_branch_length: int | None = Field(None, ge=1, le=256)
@@ -142,6 +147,12 @@ class ModelConfig(Strict):
     memory: MemorySettings = MemorySettings()
     limits: Limits = Limits()
     deployment: DeploymentOptions = DeploymentOptions()
+    # How the ingress picks a replica for a request. prefix_affinity: Ray Serve's PrefixCacheAffinityRouter
+    # (serve_app/prefix_router.py), which sends a request to the replica that served the longest prefix of its
+    # text, so its prefix cache and drafts hit, while the replicas' queues differ by at most routing_imbalance
+    # requests; past that, and for a prompt no replica has seen, power-of-two choices. pow2: that alone.
+    routing: Literal["prefix_affinity", "pow2"] = "prefix_affinity"
+    routing_imbalance: int | None = Field(None, ge=0)  # None: batching.max_batch_size
 
     @field_validator("name")
     @classmethod
@@ -153,6 +164,10 @@ class ModelConfig(Strict):
     @property
     def deployment_name(self) -> str:
         return f"Model-{self.name}"
+
+    @property
+    def imbalance_bound(self) -> int:
+        return self.batching.max_batch_size if self.routing_imbalance is None else self.routing_imbalance
 
 
 class IngressOptions(Strict):

@@ -50,6 +50,7 @@ from .config import LookaheadSettings, ModelConfig
 from .detokenize import Detokenizer
 from .admission import check_budget, check_context
 from .jobs import Event, Job, JobError, Rejected, Usage
+from .fleet import FleetSync, RayFleetClient, actor_identity, local_status
 from .metrics import ReplicaMetrics
 
 log = logging.getLogger("ray.serve")
@@ -139,6 +140,29 @@ def _load_memory(parts: ReplicaParts, path: str) -> None:
         log.error("output memory not loaded, starting empty: %s", e)
 
 
+def connect_fleet(cfg: ModelConfig, parts: ReplicaParts) -> FleetSync | None:
+    """Join the deployment's fleet memory (serve_app/fleet.py): one sync before the first request, so a new
+    replica starts from what the others learnt, then one every `shared_memory_sync_s`. None where sharing is off
+    or there is no Serve replica around this one (a test's)."""
+    if not cfg.lookahead.shared_memory:
+        return None
+    try:
+        ctx = serve.get_replica_context()
+    except Exception:  # noqa: BLE001 - not inside a Serve replica
+        return None
+    memory, vocab = parts.engine.decoder.memory, len(parts.tokenizer)
+    name, namespace = actor_identity(ctx.app_name, ctx.deployment, parts.memory_tag)
+    client = RayFleetClient(name, namespace, {
+        "ngram_length": memory.ngram_length, "tag": parts.memory_tag, "max_nodes": memory.max_nodes,
+        "stop_words": sorted(memory.stop_words), "vocab_size": vocab})
+    sync = FleetSync(parts.engine, client, parts.memory_tag, ctx.replica_tag, cfg.lookahead.shared_memory_sync_s,
+                     vocab_size=vocab)
+    if sync.sync():
+        log.info("model %s: fleet memory %s joined at version %d; own memory %d nodes", cfg.name, name,
+                 sync.cursor, memory.node_count)
+    return sync.start()
+
+
 METRICS_INTERVAL_S = 5.0  # how often a replica refreshes its gauges (Prometheus scrapes every 10-60 s)
 
 
@@ -161,7 +185,8 @@ class ModelReplica:
     parts; `build` and `metrics` are for tests that bind a fake engine where a real model is beside the point."""
 
     def __init__(self, cfg: ModelConfig, build: Callable[[ModelConfig], ReplicaParts] = build_engine,
-                 metrics: ReplicaMetrics | None = None) -> None:
+                 metrics: ReplicaMetrics | None = None,
+                 fleet: Callable[[ModelConfig, ReplicaParts], FleetSync | None] = connect_fleet) -> None:
         if isinstance(cfg, dict):
             cfg = ModelConfig.model_validate(cfg)
         self.cfg = cfg
@@ -172,6 +197,7 @@ class ModelReplica:
         self.context = parts.context
         self.default_la = parts.default_la
         self.memory_tag = parts.memory_tag
+        self.fleet = fleet(cfg, parts)
         self.metrics = metrics if metrics is not None else ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.completed = 0  # requests this replica generated to their end (stop or length)
@@ -203,6 +229,8 @@ class ModelReplica:
         if engine is not None:
             self._stopping.set()
             engine.shutdown(timeout=5)
+            if getattr(self, "fleet", None) is not None:
+                self.fleet.close()  # what finished since the last sync still reaches the other replicas
             if self.cfg.lookahead.memory_path:
                 self.save_memory()
             engine.close()  # the KV pool goes back now, not when the replica object is collected
@@ -232,11 +260,22 @@ class ModelReplica:
         return {"tag": self.memory_tag, "nodes": self.engine.decoder.memory.node_count,
                 "path": self.cfg.lookahead.memory_path}
 
+    async def fleet_status(self) -> dict:
+        """The output memory: its size, and the fleet version and last sync where it is shared."""
+        return asdict(self.fleet.status()) if self.fleet is not None else local_status(self.engine)
+
+    async def sync_fleet(self) -> dict:
+        """Sync with the fleet memory now (tests, benchmarks); the status after."""
+        if self.fleet is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.fleet.sync)
+        return await self.fleet_status()
+
     async def kv_stats(self) -> dict:
-        """This replica's KV memory and queue (`GET /stats`); the Prometheus gauges get the same values."""
+        """This replica's KV memory and queue, and its output memory (`GET /stats`); the Prometheus gauges get
+        the same values."""
         st = self.engine.memory_stats()
         self.metrics.set_memory(st)
-        return asdict(st)
+        return {**asdict(st), "output_memory": await self.fleet_status()}
 
     # ---- requests ----------------------------------------------------------
     async def queue_length(self) -> int:

@@ -5,7 +5,9 @@ other (up to `max_batch_size`) form a group through `@serve.batch`; the group
 goes to one model replica in a single streaming call, whose engine merges it
 into its running batch. Groups run concurrently (`max_concurrent_batches`),
 so a group never waits for an earlier one to finish: the engine, not the
-ingress, decides who shares a forward.
+ingress, decides who shares a forward. With prefix-affinity routing (the
+default) every request is a group of one, so the router places each by its
+own prompt (serve_app/prefix_router.py).
 
 `JobStream` is one request's view: its events, in order, and `cancel()`,
 which posts the request id to the cancel board so the replica stops just
@@ -58,6 +60,9 @@ class ModelRoute:
         b = cfg.batching
         self.batcher = serve.batch(max_batch_size=b.max_batch_size, batch_wait_timeout_s=b.batch_wait_timeout_s,
                                    max_concurrent_batches=max(1, max_requests // b.max_batch_size))(self._run_group)
+        # Prefix-affinity routing picks a replica per prompt, so each request is its own call: a group of mixed
+        # prompts could only follow one of them. (The replica's engine batches them all the same.)
+        self.per_request = cfg.routing == "prefix_affinity"
 
     def set_batching(self, max_batch_size: int | None = None, batch_wait_timeout_s: float | None = None) -> None:
         if max_batch_size is not None:
@@ -67,6 +72,17 @@ class ModelRoute:
 
     def submit(self, job: Job) -> "JobStream":
         return JobStream(job, self)
+
+    async def events(self, job: Job):
+        """One job's lists of new events: through the batcher's group, or a call of its own."""
+        if not self.per_request:
+            async for events in self.batcher(job):
+                yield events
+            return
+        async for out in self._run_group([job]):
+            if out[0] is StopIteration:
+                return
+            yield out[0]
 
     async def _run_group(self, jobs: list[Job]):
         """serve.batch generator: each yield has one entry per job: its new events, or StopIteration once done.
@@ -125,7 +141,7 @@ class JobStream:
         self.finished = False
 
     async def __aiter__(self):
-        async for events in self.route.batcher(self.job):
+        async for events in self.route.events(self.job):
             for e in events:
                 self.finished = self.finished or e.final
                 yield e

@@ -101,6 +101,25 @@ class TokenTrie:
         if self.max_nodes is not None and self.node_count > self.max_nodes:
             self.evict(int(self.max_nodes * self.low_water))
 
+    def merge(self, other: "TokenTrie", weight: float = 1.0) -> None:
+        """Add every node of `other` (its count x `weight`) into this trie, then keep within `max_nodes`.
+
+        Counts add, so a merged trie weighs an n-gram by how often either side saw it: the fleet memory's
+        snapshot joins what a replica learnt alone this way."""
+        assert other.ngram_length == self.ngram_length, "tries of different n-gram lengths do not merge"
+        stack = [(other.root, self.root)]
+        while stack:
+            src, dst = stack.pop()
+            for tok, child in src.children.items():
+                mine = dst.children.get(tok)
+                if mine is None:
+                    mine = dst.children[tok] = TrieNode()
+                    self.node_count += 1
+                mine.count += child.count * weight
+                stack.append((child, mine))
+        if self.max_nodes is not None and self.node_count > self.max_nodes:
+            self.evict(int(self.max_nodes * self.low_water))
+
     # ---- lookup ----------------------------------------------------------
     def find(self, key: Sequence[int]) -> TrieNode | None:
         node = self.root

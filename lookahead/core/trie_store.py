@@ -39,14 +39,14 @@ class TrieFileError(ValueError):
     pass
 
 
-def _le(a: array) -> bytes:
+def to_le(a: array) -> bytes:
     if sys.byteorder != "little":
         a = array(a.typecode, a)
         a.byteswap()
     return a.tobytes()
 
 
-def _from_le(typecode: str, data: bytes) -> array:
+def from_le(typecode: str, data: bytes) -> array:
     a = array(typecode)
     a.frombytes(data)
     if sys.byteorder != "little":
@@ -54,8 +54,8 @@ def _from_le(typecode: str, data: bytes) -> array:
     return a
 
 
-def save(trie: TokenTrie, path: str | Path, tag: str) -> int:
-    """Write `trie` atomically (temp file, then rename); returns the nodes written (the root excluded)."""
+def dumps(trie: TokenTrie, tag: str) -> bytes:
+    """`trie` in the file format, as bytes (what `save` writes, and what the fleet memory sends)."""
     tokens, counts, kids = array("I"), array("d"), array("I")
     stack: list[tuple[int, TrieNode]] = [(0, trie.root)]
     while stack:
@@ -64,65 +64,77 @@ def save(trie: TokenTrie, path: str | Path, tag: str) -> int:
         counts.append(node.count)
         kids.append(len(node.children))
         stack.extend(reversed(list(node.children.items())))  # preorder, children in insertion order
-    payload = _le(tokens) + _le(counts) + _le(kids)
+    payload = to_le(tokens) + to_le(counts) + to_le(kids)
     header = json.dumps({"version": VERSION, "ngram_length": trie.ngram_length, "nodes": len(tokens) - 1,
                          "tag": tag, "sha256": hashlib.sha256(payload).hexdigest(),
                          "payload_bytes": len(payload)}).encode()
+    return MAGIC + struct.pack("<I", len(header)) + header + payload
+
+
+def save(trie: TokenTrie, path: str | Path, tag: str) -> int:
+    """Write `trie` atomically (temp file, then rename); returns the nodes written (the root excluded)."""
+    data = dumps(trie, tag)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A temporary file of this writer's own: replicas sharing one memory_path save at once (the last one wins).
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header + payload)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return len(tokens) - 1
+    (hlen,) = struct.unpack("<I", data[8:12])
+    return (len(data) - 12 - hlen) // 16 - 1  # payload: 16 bytes a node, the root's included
 
 
 def load(path: str | Path, into: TokenTrie, tag: str, vocab_size: int | None = None) -> int:
     """Fill the empty trie `into` from `path`; returns the nodes loaded. Raises TrieFileError."""
-    data = Path(path).read_bytes()
+    return loads(Path(path).read_bytes(), into, tag, vocab_size, name=str(path))
+
+
+def loads(data: bytes, into: TokenTrie, tag: str, vocab_size: int | None = None, name: str = "trie") -> int:
+    """Fill the empty trie `into` from `data` (`dumps`'s bytes); returns the nodes loaded. Raises TrieFileError
+    whose message starts with `name` (the file, or where the bytes came from)."""
     if data[:8] != MAGIC:
-        raise TrieFileError(f"{path}: not a lookahead trie file (bad magic)")
+        raise TrieFileError(f"{name}: not a lookahead trie file (bad magic)")
     if len(data) < 12:
-        raise TrieFileError(f"{path}: truncated header")
+        raise TrieFileError(f"{name}: truncated header")
     (hlen,) = struct.unpack("<I", data[8:12])
     if hlen > MAX_HEADER or 12 + hlen > len(data):
-        raise TrieFileError(f"{path}: header length {hlen} is invalid")
+        raise TrieFileError(f"{name}: header length {hlen} is invalid")
     try:
         meta = json.loads(data[12:12 + hlen])
         version, n, stored_tag = meta["version"], int(meta["nodes"]), meta["tag"]
         ngram, digest, size = int(meta["ngram_length"]), meta["sha256"], int(meta["payload_bytes"])
     except (ValueError, KeyError, TypeError) as e:
-        raise TrieFileError(f"{path}: unreadable header ({e})") from e
+        raise TrieFileError(f"{name}: unreadable header ({e})") from e
     if version != VERSION:
-        raise TrieFileError(f"{path}: format version {version}, this build reads {VERSION}")
+        raise TrieFileError(f"{name}: format version {version}, this build reads {VERSION}")
     if stored_tag != tag:
-        raise TrieFileError(f"{path}: belongs to {stored_tag!r}, not {tag!r}")
+        raise TrieFileError(f"{name}: belongs to {stored_tag!r}, not {tag!r}")
     if ngram != into.ngram_length:
-        raise TrieFileError(f"{path}: n-gram length {ngram}, the memory uses {into.ngram_length}")
+        raise TrieFileError(f"{name}: n-gram length {ngram}, the memory uses {into.ngram_length}")
     payload = data[12 + hlen:]
     if n < 0 or len(payload) != size or size != (n + 1) * 16:
-        raise TrieFileError(f"{path}: payload is {len(payload)} bytes, the header says {size} for {n} nodes")
+        raise TrieFileError(f"{name}: payload is {len(payload)} bytes, the header says {size} for {n} nodes")
     if hashlib.sha256(payload).hexdigest() != digest:
-        raise TrieFileError(f"{path}: checksum mismatch (corrupt or truncated)")
+        raise TrieFileError(f"{name}: checksum mismatch (corrupt or truncated)")
     m = n + 1
-    tokens = _from_le("I", payload[:4 * m])
-    counts = _from_le("d", payload[4 * m:12 * m])
-    kids = _from_le("I", payload[12 * m:])
-    root = _rebuild(tokens, counts, kids, ngram, vocab_size, path)
+    tokens = from_le("I", payload[:4 * m])
+    counts = from_le("d", payload[4 * m:12 * m])
+    kids = from_le("I", payload[12 * m:])
+    root = _rebuild(tokens, counts, kids, ngram, vocab_size, name)
     into.root, into.node_count = root, n
     if into.max_nodes is not None and n > into.max_nodes:
         into.evict(int(into.max_nodes * into.low_water))
     return into.node_count
 
 
-def _rebuild(tokens: array, counts: array, kids: array, max_depth: int, vocab: int | None, path) -> TrieNode:
+def _rebuild(tokens: array, counts: array, kids: array, max_depth: int, vocab: int | None, path: str) -> TrieNode:
     root = TrieNode()
     stack: list[tuple[TrieNode, int, int]] = [(root, kids[0], 0)]  # node, children still to read, depth
     i = 1

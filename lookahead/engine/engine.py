@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 
 from lookahead.engine.generate import LookaheadDecoder
@@ -180,6 +180,8 @@ class Engine:
         # decode steps by kind: verified drafts / went plain by the planner's choice / held plain by the payoff check
         self.decode_steps = {"drafting": 0, "plain": 0, "held": 0}
         self.times = EngineTimes()  # where the steps' time went, by phase and by rows in the batch
+        # Called on the engine thread with each output the memory learnt (the fleet memory's outbox, say).
+        self.learn_listeners: list[Callable[[list[int]], None]] = []
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -327,7 +329,9 @@ class Engine:
                 self.scheduler.add(h.seq)
 
     def _finish(self, seq: Sequence, reason: str = "cancelled") -> None:
-        seq.close(self.decoder.memory, reason)
+        if seq.close(self.decoder.memory, reason):
+            for listen in self.learn_listeners:
+                listen(seq.tokens)
         h = self._handles.pop(id(seq), None)
         if h is not None:
             h._push(_DONE, seq.result())

@@ -218,13 +218,15 @@ class Sequence:
             walk = accept(tree, lambda row, path: actual[len(path)] if len(path) < len(actual) else None)
             self._learn(tree, len(walk.rows), calibration)
 
-    def close(self, memory: TokenTrie, reason: str = "cancelled") -> None:
-        """End the request (if not ended) and hand its output to the shared memory."""
+    def close(self, memory: TokenTrie, reason: str = "cancelled") -> bool:
+        """End the request (if not ended) and hand its output to the shared memory; whether it did."""
         if self.finish_reason is None:
             self.finish_reason = reason
         self.stats.total_s = time.perf_counter() - self.started_at
-        if self.drafting and self.tokens and reason != "error":
+        learnt = self.drafting and bool(self.tokens) and reason != "error"
+        if learnt:
             memory.add_sequence(self.tokens)
+        return learnt
 
     def _hit_stop_string(self) -> bool:
         assert self.tokenizer is not None, "stop strings need a tokenizer"

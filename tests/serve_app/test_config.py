@@ -69,3 +69,22 @@ def test_placement_knobs_reach_ray():
     assert ingress._deployment_config.graceful_shutdown_timeout_s == 300  # outlasts the generations it streams
     with pytest.raises(ValidationError, match="max_replicas_per_node"):
         AppConfig.model_validate({"models": [model(deployment={"max_replicas_per_node": 0})]})
+
+
+def test_routing_defaults_to_prefix_affinity_through_rays_router():
+    from serve_app.prefix_router import ROUTER_PATH
+
+    m = AppConfig.model_validate({"models": [model(batching={"max_batch_size": 8})]}).models[0]
+    assert m.routing == "prefix_affinity" and m.lookahead.shared_memory
+    rc = deployment_options(m)["request_router_config"]
+    assert rc.request_router_class == ROUTER_PATH
+    assert rc.request_router_kwargs == {"imbalanced_threshold": 8}  # None: a whole batch of difference
+    m = AppConfig.model_validate({"models": [model(routing_imbalance=2)]}).models[0]
+    assert deployment_options(m)["request_router_config"].request_router_kwargs == {"imbalanced_threshold": 2}
+    pow2 = AppConfig.model_validate({"models": [model(routing="pow2")]}).models[0]
+    assert "request_router_config" not in deployment_options(pow2)  # Serve's own power of two choices
+    for bad, field in [({"routing": "random"}, "models.0.routing"), ({"routing_imbalance": -1}, "models.0.routing_imbalance"),
+                       ({"lookahead": {"shared_memory_sync_s": 0}}, "models.0.lookahead.shared_memory_sync_s")]:
+        with pytest.raises(ValidationError) as info:
+            AppConfig.model_validate({"models": [model(**bad)]})
+        assert field in [".".join(str(p) for p in e["loc"]) for e in info.value.errors()]

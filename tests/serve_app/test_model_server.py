@@ -543,7 +543,9 @@ def test_autoscaling_stats_report_the_engine_queue_and_the_metrics_thread_feeds_
     assert rep.metrics.steps == {"drafting": 7, "plain": 2, "held": 1}
     assert rep.metrics.memory.waiting == 5
     stats = asyncio.run(rep.kv_stats())
-    assert stats == asdict(rep.engine.memory_stats()) and stats["kv_used_bytes"] == 4096
+    assert stats == {**asdict(rep.engine.memory_stats()), "output_memory": asyncio.run(rep.fleet_status())}
+    assert stats["kv_used_bytes"] == 4096
+    assert stats["output_memory"]["shared"] is False  # outside Serve there is no fleet to join
     assert asyncio.run(rep.queue_length()) == 5
 
 

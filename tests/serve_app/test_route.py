@@ -94,3 +94,22 @@ def test_a_stream_that_ends_early_is_an_error_not_a_success():
     short = lambda jobs: [[Event(0, text="partial")]]  # noqa: E731
     got = per_job(run(ModelRoute(CFG, FakeHandle([(short, None)]), board=None), JOBS[:1]), 1)
     assert got[0][-1].error is not None and got[0][-1].error.status == 502
+
+
+def test_with_prefix_affinity_each_request_is_its_own_call():
+    """The router places a call by its first job's prompt: a request sharing a call could not go its own way."""
+    done = lambda jobs: [[Event(0, started=True)], [Event(0, text="ok", finish_reason="stop")]]  # noqa: E731
+
+    async def go(route):
+        streams = [route.submit(j) for j in JOBS]
+
+        async def drain(s):
+            return [e async for e in s]
+        return await asyncio.gather(*(drain(s) for s in streams))
+
+    handle = FakeHandle([(done, None)] * 3)
+    got = asyncio.run(go(ModelRoute(CFG, handle, board=None)))
+    assert sorted(handle.seen) == [["r0"], ["r1"], ["r2"]]
+    assert all(events[-1].finish_reason == "stop" and events[-1].index == 0 for events in got)
+    # pow2 keeps serve.batch's groups (which need a Serve replica around them: tests/serve_app/test_server.py)
+    assert not ModelRoute(ModelConfig(name="m", model="x", routing="pow2"), handle, board=None).per_request

@@ -95,3 +95,24 @@ def test_open_ngrams_across_sequences_gaps_and_evictions_match_one_shot():
         bounded.extend(seq, len(seq) - 1, len(seq))  # evictions on the way drop open nodes: no count may vanish
         assert bounded.node_count <= 12
     assert bounded.find([4, 5]) is not None and bounded.find([4, 5]).count >= 1
+
+
+def test_merge_adds_every_node_and_count_and_keeps_the_bound():
+    a, b = TokenTrie(3), TokenTrie(3)
+    a.add_sequence([1, 2, 3])
+    b.add_sequence([1, 2, 4])
+    b.add_sequence([5, 6])
+    a.merge(b)
+    assert a.find([1]).count == 2 and a.find([1, 2]).count == 2  # both saw 1, 2
+    assert a.find([1, 2, 3]).count == 1 and a.find([1, 2, 4]).count == 1 and a.find([5, 6]).count == 1
+    fresh = TokenTrie(3)
+    fresh.add_sequence([1, 2, 3])
+    fresh.add_sequence([1, 2, 4])
+    fresh.add_sequence([5, 6])
+    assert a.node_count == fresh.node_count  # node for node what inserting both sides' sequences builds
+    small = TokenTrie(3, max_nodes=16)
+    big = TokenTrie(3)
+    for i in range(40):
+        big.add_sequence([i, i + 1, i + 2])
+    small.merge(big)
+    assert small.node_count <= 16
