@@ -265,10 +265,10 @@ class ModelReplica:
         return asdict(self.fleet.status()) if self.fleet is not None else local_status(self.engine)
 
     async def sync_fleet(self) -> dict:
-        """Sync with the fleet memory now (tests, benchmarks); the status after."""
+        """Sync with the fleet memory now (tests, benchmarks); the status after, with this replica's actor name."""
         if self.fleet is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.fleet.sync)
-        return await self.fleet_status()
+        return {"replica": ray.get_runtime_context().get_actor_name(), **await self.fleet_status()}
 
     async def kv_stats(self) -> dict:
         """This replica's KV memory and queue, and its output memory (`GET /stats`); the Prometheus gauges get

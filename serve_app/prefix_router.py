@@ -16,6 +16,8 @@ instead: a completion's prompt text (token ids as a digit string), or a chat's
 turns, concatenated as Ray does.
 """
 
+import logging
+
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 
 try:  # the stable name; its module also imports Ray's KV-aware router, which needs pyarrow (not in ray[serve])
@@ -24,6 +26,8 @@ except ImportError:
     from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
 
 from .jobs import Job
+
+log = logging.getLogger("ray.serve")
 
 ROUTER_PATH = "serve_app.prefix_router:JobPrefixRouter"
 
@@ -45,15 +49,32 @@ def request_text(args) -> str:
 
 
 class JobPrefixRouter(PrefixCacheAffinityRouter):
+    """Ray's router, with two guards: calls without a prompt go by power of two choices, and a prefix tree that
+    cannot be reached (its detached actor was on a node that died) costs the affinity, never the request."""
+
+    _tree_failed = False
+
     def _extract_text_from_request(self, pending_request) -> str:
         return request_text(pending_request.args)
+
+    def _tree_down(self, e: Exception) -> None:
+        if not self._tree_failed:
+            log.warning("prefix tree unreachable; routing by power of two choices: %s: %s", type(e).__name__, e)
+        self._tree_failed = True
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         if pending_request is None or not request_text(pending_request.args):
             # replica_load(), kv_stats() and the like: nothing to match (and Ray's match rate divides by it)
             return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
-        return await super().choose_replicas(candidate_replicas, pending_request)
+        try:
+            return await super().choose_replicas(candidate_replicas, pending_request)
+        except Exception as e:  # noqa: BLE001 - Ray's router calls its prefix-tree actor inline
+            self._tree_down(e)
+            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
         if pending_request is not None and request_text(pending_request.args):
-            super().on_request_routed(pending_request, replica_id, result)
+            try:
+                super().on_request_routed(pending_request, replica_id, result)
+            except Exception as e:  # noqa: BLE001 - as above
+                self._tree_down(e)

@@ -38,6 +38,7 @@ def app_args(model_dir: str, **deployment) -> dict:
         "models": [{
             "name": "tiny", "model": model_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
             "lookahead": {"adaptive": False},
+            "routing": "pow2",  # placement across nodes is the point: requests spread whatever their prompts
             "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
             "limits": {"max_new_tokens": 60000, "max_engine_queue": 16},
             "deployment": {"ray_actor_options": {"num_cpus": 0.5}, "graceful_shutdown_timeout_s": 5,

@@ -37,6 +37,7 @@ def rel(serve_url, tiny_llama_dir, tmp_path_factory):
     model = {
         "name": MODEL, "model": tiny_llama_dir, "dtype": "float32", "device": "cpu", "torch_threads": 1,
         "lookahead": {"adaptive": False, "memory_path": str(memory), "memory_save_interval_s": 3600},
+        "routing": "pow2",  # faults on both replicas: the same prompts must spread (prefix routing: test_fleet_serving)
         "batching": {"max_batch_size": 4, "batch_wait_timeout_s": 0.01},
         "limits": {"max_new_tokens": 60000, "max_engine_queue": 8, "max_prompt_tokens": 512},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "max_queued_requests": 16,
