@@ -70,6 +70,8 @@ class ReplicaLoad:
     node_id: str  # the Ray node it runs on
     engine_queue: int  # requests waiting + running in its engine now
     completed: int  # requests it generated to their end since it started
+    new_tokens: int = 0  # tokens those requests generated, summed
+    steps: int = 0  # decode steps they took, summed (new_tokens / steps: this replica's tokens a step)
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ class ModelReplica:
         self.metrics = metrics if metrics is not None else ReplicaMetrics(cfg.name)
         self.recent: OrderedDict[str, str] = OrderedDict()  # request id -> finish reason
         self.completed = 0  # requests this replica generated to their end (stop or length)
+        self.completed_tokens = self.completed_steps = 0  # their tokens and decode steps, summed
         self._stopping = threading.Event()
         if cfg.lookahead.memory_path:
             threading.Thread(target=self._save_periodically, name="memory-saver", daemon=True).start()
@@ -284,7 +287,8 @@ class ModelReplica:
     async def replica_load(self) -> ReplicaLoad:
         """Where this replica runs and what it holds: for placement and fault checks across replicas and nodes."""
         ctx = ray.get_runtime_context()
-        return ReplicaLoad(ctx.get_actor_name(), ctx.get_node_id(), self.engine.active_requests, self.completed)
+        return ReplicaLoad(ctx.get_actor_name(), ctx.get_node_id(), self.engine.active_requests, self.completed,
+                           self.completed_tokens, self.completed_steps)
 
     async def finish_reason(self, request_id: str) -> str | None:
         """How a recent request ended ("stop", "length", "cancelled", "error"), if this replica ran it."""
@@ -396,7 +400,10 @@ class ModelReplica:
         reason = "stop" if detok.stopped else FINISH.get(gen.finish_reason, gen.finish_reason)
         tail = detok.finish()
         self._remember(job.request_id, reason)
-        self.completed += reason in ("stop", "length")
+        if reason in ("stop", "length"):
+            self.completed += 1
+            self.completed_tokens += st.new_tokens
+            self.completed_steps += st.steps
         self.metrics.finished("cancelled" if reason == "cancelled" else "ok", st.new_tokens, st.draft_tokens,
                               st.mean_accepted, first, st.prompt_tokens, st.cached_prompt_tokens,
                               accepted_draft_tokens=st.accepted_drafts)

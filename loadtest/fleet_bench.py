@@ -1,0 +1,220 @@
+"""Replicas that learn together, measured: power-of-two routing with per-replica memories against prefix-affinity
+routing with the fleet memory, on repeated-prefix traffic through the whole server.
+
+    .venv/bin/python -m loadtest.fleet_bench --docs 8 --questions 5 --clients 4 --max-tokens 64 --out results/fleet
+
+The workload: `--docs` passages of the shipped narrativeqa set (from `--offset`), each asked its own
+`--questions` questions, interleaved (every passage's first question, then every passage's second, ...), sent by
+`--clients` concurrent streaming chat clients over HTTP, greedy. Each arm is a fresh app of two SmolLM2 replicas
+on the same Ray cluster:
+
+- `pow2_local`: Serve's power of two choices, each replica learning alone (`routing: pow2`, `shared_memory: false`);
+- `affinity_fleet`: prefix-affinity routing and the fleet memory (the defaults);
+- `midrun` (with `--midrun`): `affinity_fleet` on the next `--docs` passages, with one replica killed once a third
+  of the requests are answered; Serve starts a new one, which joins the fleet memory. Its tokens a step over its
+  first 20 requests are set against the survivor's over the same stretch.
+
+Per arm: TTFT p50 and p90 (first content chunk), tokens a step (completion tokens / decode steps, summed),
+tok/s (completion tokens / the arm's wall time), and whether every output equals the other arm's. Writes
+`--out`/fleet.json and prints a markdown table.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from loadtest.prompt_sets import prompt_path, read_prompts
+
+MODEL = "smollm2"
+
+
+def workload(docs: int, questions: int, offset: int) -> list[dict]:
+    """(passage, question) requests, questions interleaved across passages."""
+    by_passage: dict[int, list[dict]] = {}
+    for row in read_prompts(prompt_path("narrativeqa")):
+        by_passage.setdefault(row["passage_id"], []).append(row)
+    chosen = [by_passage[p] for p in sorted(by_passage)[offset:offset + docs]]
+    if len(chosen) < docs or any(len(rows) < questions for rows in chosen):
+        raise SystemExit(f"narrativeqa has no {docs} passages with {questions} questions from passage {offset}")
+    return [{"id": rows[q]["id"], "prompt": rows[q]["prompt"]} for q in range(questions) for rows in chosen]
+
+
+def app_args(routing: str, shared: bool, max_tokens: int) -> dict:
+    return {"models": [{
+        "name": MODEL, "model": "smollm2-135m-instruct", "dtype": "float32", "device": "cpu", "torch_threads": 1,
+        "routing": routing, "lookahead": {"shared_memory": shared},
+        "limits": {"max_prompt_tokens": 2048, "max_new_tokens": max_tokens},
+        "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "graceful_shutdown_timeout_s": 5},
+    }]}
+
+
+def one_request(base: str, row: dict, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    first, text, la, usage = None, [], {}, {}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": row["prompt"]}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with requests.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            la = chunk.get("lookahead") or la
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and first is None:
+                    first = time.perf_counter() - t0
+                text.append(piece)
+    return {"id": row["id"], "text": "".join(text), "ttft_s": first, "total_s": time.perf_counter() - t0,
+            "tokens": usage.get("completion_tokens", 0), "steps": la.get("steps", 0)}
+
+
+def replica_loads(handle) -> dict[str, dict]:
+    """Each replica's (completed, new_tokens, steps), by actor name (calls go by power of two choices)."""
+    out = {}
+    for _ in range(4):
+        out.update({ld.actor: {"completed": ld.completed, "new_tokens": ld.new_tokens, "steps": ld.steps}
+                    for ld in [c.result() for c in [handle.replica_load.remote() for _ in range(4)]]})
+    return out
+
+
+def run_arm(base: str, name: str, rows: list[dict], clients: int, max_tokens: int, kill_after: int | None = None):
+    from ray import serve
+
+    handle = serve.get_deployment_handle(f"Model-{MODEL}", app_name=name)
+    samples: list[tuple[float, dict]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                samples.append((time.perf_counter(), replica_loads(handle)))
+            except Exception:  # noqa: BLE001 - a replica being replaced; the next sample has it
+                pass
+            stop.wait(1.0)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    initial = set(replica_loads(handle))
+    done = [0]
+    lock = threading.Lock()
+    killed = []
+
+    def send(row):
+        rec = one_request(base, row, max_tokens)
+        with lock:
+            done[0] += 1
+            if kill_after is not None and done[0] == kill_after and not killed:
+                import ray
+
+                victim = sorted(initial)[0]
+                ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+                killed.append(victim)
+        return rec
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        records = list(pool.map(send, rows))
+    wall = time.perf_counter() - t0
+    time.sleep(2.0)
+    stop.set()
+    watcher.join(5)
+    ttfts = sorted(r["ttft_s"] for r in records if r["ttft_s"] is not None)
+    tokens, steps = sum(r["tokens"] for r in records), sum(r["steps"] for r in records)
+    out = {"arm": name, "requests": len(records), "wall_s": round(wall, 2), "tok_s": round(tokens / wall, 2),
+           "tokens_per_step": round(tokens / max(steps, 1), 3),
+           "ttft_p50_s": round(statistics.median(ttfts), 3),
+           "ttft_p90_s": round(ttfts[int(0.9 * (len(ttfts) - 1))], 3), "records": records}
+    if killed:
+        out["midrun"] = midrun_figures(samples, initial, killed[0])
+    return out
+
+
+def midrun_figures(samples, initial: set[str], victim: str, first_n: int = 20) -> dict:
+    """The new replica's tokens a step over its first `first_n` requests, and the survivor's over the same time."""
+    new = next((a for _, loads in samples for a in loads if a not in initial), None)
+    survivor = next(a for a in initial if a != victim)
+    if new is None:
+        return {"error": "no new replica answered while the arm ran"}
+    seen = [(t, loads) for t, loads in samples if new in loads and survivor in loads]
+    start = next((t, ld) for t, ld in seen if ld[new]["completed"] > 0)
+    end = next(((t, ld) for t, ld in seen if ld[new]["completed"] >= first_n), seen[-1])
+    n, s = end[1][new], (end[1][survivor], start[1][survivor])
+    new_rate = n["new_tokens"] / max(n["steps"], 1)
+    surv_tokens, surv_steps = s[0]["new_tokens"] - s[1]["new_tokens"], s[0]["steps"] - s[1]["steps"]
+    surv_rate = surv_tokens / max(surv_steps, 1)
+    return {"new_replica_requests": n["completed"], "new_tokens_per_step": round(new_rate, 3),
+            "survivor_tokens_per_step_same_stretch": round(surv_rate, 3),
+            "ratio": round(new_rate / surv_rate, 3) if surv_rate else None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.fleet_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--docs", type=int, default=8)
+    p.add_argument("--questions", type=int, default=5)
+    p.add_argument("--offset", type=int, default=0, help="first narrativeqa passage")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--midrun", action="store_true", help="also the arm whose replica is replaced mid-run")
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--out", default="results/fleet")
+    args = p.parse_args(argv)
+
+    import ray
+    from ray import serve
+
+    from serve_app.builder import build_app
+    from serve_app.config import AppConfig
+
+    rows = workload(args.docs, args.questions, args.offset)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    url = f"http://127.0.0.1:{args.port}"
+    arms = [("pow2_local", "pow2", False, rows, None), ("affinity_fleet", "prefix_affinity", True, rows, None)]
+    if args.midrun:
+        more = workload(args.docs, args.questions, args.offset + args.docs)
+        arms.append(("midrun", "prefix_affinity", True, more, len(more) // 3))
+    results = []
+    try:
+        for name, routing, shared, arm_rows, kill_after in arms:
+            serve.run(build_app(AppConfig.model_validate(app_args(routing, shared, args.max_tokens))),
+                      name=name, route_prefix=f"/{name}")
+            base = f"{url}/{name}"
+            one_request(base, {"id": "warm-up", "prompt": "Hi"}, 1)  # both replicas are up once serve.run returns
+            print(f"{name}: {len(arm_rows)} requests, {args.clients} clients", flush=True)
+            results.append(run_arm(base, name, arm_rows, args.clients, args.max_tokens, kill_after))
+            serve.delete(name)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    a, b = results[0], results[1]
+    same = sum(x["text"] == y["text"] for x, y in zip(a["records"], b["records"]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"args": vars(args), "machine": platform.processor() or platform.machine(),
+               "identical_outputs": f"{same}/{len(a['records'])}", "arms": results,
+               "ttft_p50_reduction": round(1 - b["ttft_p50_s"] / a["ttft_p50_s"], 3),
+               "tokens_per_step_gain": round(b["tokens_per_step"] / a["tokens_per_step"] - 1, 3),
+               "tok_s_ratio": round(b["tok_s"] / a["tok_s"], 3)}
+    (out / "fleet.json").write_text(json.dumps(summary, indent=1))
+    print("| arm | TTFT p50 s | TTFT p90 s | tokens/step | tok/s |\n|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['arm']} | {r['ttft_p50_s']} | {r['ttft_p90_s']} | {r['tokens_per_step']} | {r['tok_s']} |")
+    print(f"identical outputs {summary['identical_outputs']}; TTFT p50 {summary['ttft_p50_reduction']:+.1%} lower; "
+          f"tokens/step {summary['tokens_per_step_gain']:+.1%}; tok/s x{summary['tok_s_ratio']}")
+    for r in results:
+        if "midrun" in r:
+            print(f"midrun: {r['midrun']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
