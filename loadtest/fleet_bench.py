@@ -50,7 +50,7 @@ def app_args(routing: str, shared: bool, max_tokens: int) -> dict:
     return {"models": [{
         "name": MODEL, "model": "smollm2-135m-instruct", "dtype": "float32", "device": "cpu", "torch_threads": 1,
         "routing": routing, "lookahead": {"shared_memory": shared},
-        "limits": {"max_prompt_tokens": 2048, "max_new_tokens": max_tokens},
+        "limits": {"max_prompt_tokens": 2048, "max_new_tokens": max_tokens, "default_max_tokens": max_tokens},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "graceful_shutdown_timeout_s": 5},
     }]}
 
