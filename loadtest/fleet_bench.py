@@ -10,9 +10,11 @@ on the same Ray cluster:
 
 - `pow2_local`: Serve's power of two choices, each replica learning alone (`routing: pow2`, `shared_memory: false`);
 - `affinity_fleet`: prefix-affinity routing and the fleet memory (the defaults);
-- `midrun` (with `--midrun`): `affinity_fleet` on the next `--docs` passages, with one replica killed once a third
-  of the requests are answered; Serve starts a new one, which joins the fleet memory. Its tokens a step over its
-  first 20 requests are set against the survivor's over the same stretch.
+- `midrun` (with `--midrun`): `affinity_fleet` on the next 2 x `--docs` passages, with one replica killed once a
+  quarter of the requests are answered; sending pauses until Serve's replacement answers (its model load; the
+  fault tests cover requests in flight), then the rest goes to the survivor and the newcomer, which joins the
+  fleet memory. The newcomer's tokens a step over its first 20 requests are set against the survivor's over the
+  same stretch.
 
 Per arm: TTFT p50 and p90 (first content chunk), tokens a step (completion tokens / decode steps, summed),
 tok/s (completion tokens / the arm's wall time), and whether every output equals the other arm's. Writes
@@ -86,7 +88,23 @@ def replica_loads(handle) -> dict[str, dict]:
     return out
 
 
+def wait_for_replacement(handle, initial: set[str], timeout_s: float = 300.0) -> str:
+    """The actor name of the replica Serve starts in place of a killed one, once it answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            fresh = set(replica_loads(handle)) - initial
+        except Exception:  # noqa: BLE001 - a call routed to the dead replica; ask again
+            fresh = set()
+        if fresh:
+            return fresh.pop()
+        time.sleep(1.0)
+    raise SystemExit(f"no replacement replica answered within {timeout_s:.0f} s")
+
+
 def run_arm(base: str, name: str, rows: list[dict], clients: int, max_tokens: int, kill_after: int | None = None):
+    """One arm's records and figures; with `kill_after`, one replica is killed once that many requests are
+    answered, sending pauses until Serve's replacement answers, and the rest goes to the two."""
     from ray import serve
 
     handle = serve.get_deployment_handle(f"Model-{MODEL}", app_name=name)
@@ -101,58 +119,53 @@ def run_arm(base: str, name: str, rows: list[dict], clients: int, max_tokens: in
                 pass
             stop.wait(1.0)
 
+    initial = set(replica_loads(handle))
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    initial = set(replica_loads(handle))
-    done = [0]
-    lock = threading.Lock()
-    killed = []
+    phases = [rows] if kill_after is None else [rows[:kill_after], rows[kill_after:]]
+    records, busy, midrun = [], 0.0, None
+    for i, phase in enumerate(phases):
+        if i == 1:
+            import ray
 
-    def send(row):
-        rec = one_request(base, row, max_tokens)
-        with lock:
-            done[0] += 1
-            if kill_after is not None and done[0] == kill_after and not killed:
-                import ray
-
-                victim = sorted(initial)[0]
-                ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-                killed.append(victim)
-        return rec
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        records = list(pool.map(send, rows))
-    wall = time.perf_counter() - t0
+            victim = sorted(initial)[0]
+            t_kill = time.perf_counter()
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+            new = wait_for_replacement(handle, initial)
+            survivor = next(a for a in initial if a != victim)
+            midrun = {"victim": victim, "survivor": survivor, "new": new, "start": replica_loads(handle),
+                      "replacement_s": round(time.perf_counter() - t_kill, 1)}
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            records += list(pool.map(lambda row: one_request(base, row, max_tokens), phase))
+        busy += time.perf_counter() - t0
     time.sleep(2.0)
     stop.set()
     watcher.join(5)
     ttfts = sorted(r["ttft_s"] for r in records if r["ttft_s"] is not None)
     tokens, steps = sum(r["tokens"] for r in records), sum(r["steps"] for r in records)
-    out = {"arm": name, "requests": len(records), "wall_s": round(wall, 2), "tok_s": round(tokens / wall, 2),
+    out = {"arm": name, "requests": len(records), "wall_s": round(busy, 2), "tok_s": round(tokens / busy, 2),
            "tokens_per_step": round(tokens / max(steps, 1), 3),
            "ttft_p50_s": round(statistics.median(ttfts), 3),
            "ttft_p90_s": round(ttfts[int(0.9 * (len(ttfts) - 1))], 3), "records": records}
-    if killed:
-        out["midrun"] = midrun_figures(samples, initial, killed[0])
+    if midrun:
+        out["midrun"] = midrun_figures(samples + [(time.perf_counter(), replica_loads(handle))], midrun)
     return out
 
 
-def midrun_figures(samples, initial: set[str], victim: str, first_n: int = 20) -> dict:
-    """The new replica's tokens a step over its first `first_n` requests, and the survivor's over the same time."""
-    new = next((a for _, loads in samples for a in loads if a not in initial), None)
-    survivor = next(a for a in initial if a != victim)
-    if new is None:
-        return {"error": "no new replica answered while the arm ran"}
-    seen = [(t, loads) for t, loads in samples if new in loads and survivor in loads]
-    start = next((t, ld) for t, ld in seen if ld[new]["completed"] > 0)
-    end = next(((t, ld) for t, ld in seen if ld[new]["completed"] >= first_n), seen[-1])
-    n, s = end[1][new], (end[1][survivor], start[1][survivor])
+def midrun_figures(samples, midrun: dict, first_n: int = 20) -> dict:
+    """The new replica's tokens a step over its first `first_n` requests, and the survivor's over the same stretch
+    (from the moment the new one answered to the first sample where it had completed `first_n`)."""
+    new, survivor, start = midrun["new"], midrun["survivor"], midrun["start"][midrun["survivor"]]
+    seen = [ld for _, ld in samples if new in ld and survivor in ld]
+    end = next((ld for ld in seen if ld[new]["completed"] >= first_n), seen[-1])
+    n, s = end[new], end[survivor]
     new_rate = n["new_tokens"] / max(n["steps"], 1)
-    surv_tokens, surv_steps = s[0]["new_tokens"] - s[1]["new_tokens"], s[0]["steps"] - s[1]["steps"]
+    surv_tokens, surv_steps = s["new_tokens"] - start["new_tokens"], s["steps"] - start["steps"]
     surv_rate = surv_tokens / max(surv_steps, 1)
-    return {"new_replica_requests": n["completed"], "new_tokens_per_step": round(new_rate, 3),
-            "survivor_tokens_per_step_same_stretch": round(surv_rate, 3),
+    return {"replacement_s": midrun["replacement_s"], "new_replica_requests": n["completed"],
+            "survivor_requests_same_stretch": s["completed"] - start["completed"],
+            "new_tokens_per_step": round(new_rate, 3), "survivor_tokens_per_step_same_stretch": round(surv_rate, 3),
             "ratio": round(new_rate / surv_rate, 3) if surv_rate else None}
 
 
@@ -180,8 +193,8 @@ def main(argv=None) -> int:
     url = f"http://127.0.0.1:{args.port}"
     arms = [("pow2_local", "pow2", False, rows, None), ("affinity_fleet", "prefix_affinity", True, rows, None)]
     if args.midrun:
-        more = workload(args.docs, args.questions, args.offset + args.docs)
-        arms.append(("midrun", "prefix_affinity", True, more, len(more) // 3))
+        more = workload(2 * args.docs, args.questions, args.offset + args.docs)
+        arms.append(("midrun", "prefix_affinity", True, more, len(more) // 4))
     results = []
     try:
         for name, routing, shared, arm_rows, kill_after in arms:
