@@ -5,7 +5,8 @@ routing with the fleet memory, on repeated-prefix traffic through the whole serv
 
 The workload: `--docs` passages of the shipped narrativeqa set (from `--offset`), each asked its own
 `--questions` questions, interleaved (every passage's first question, then every passage's second, ...), sent by
-`--clients` concurrent streaming chat clients over HTTP, greedy. Each arm is a fresh app of two SmolLM2 replicas
+`--clients` concurrent streaming chat clients over HTTP, greedy; `--repeats 2` sends each round twice, as when
+users ask what others asked before (answers repeat across users). Each arm is a fresh app of two SmolLM2 replicas
 on the same Ray cluster:
 
 - `pow2_local`: Serve's power of two choices, each replica learning alone (`routing: pow2`, `shared_memory: false`);
@@ -37,15 +38,17 @@ from loadtest.prompt_sets import prompt_path, read_prompts
 MODEL = "smollm2"
 
 
-def workload(docs: int, questions: int, offset: int) -> list[dict]:
-    """(passage, question) requests, questions interleaved across passages."""
+def workload(docs: int, questions: int, offset: int, repeats: int = 1) -> list[dict]:
+    """(passage, question) requests, questions interleaved across passages; with `repeats`, each round of questions
+    is sent that many times over (a second user asking what the first asked, `docs` requests later)."""
     by_passage: dict[int, list[dict]] = {}
     for row in read_prompts(prompt_path("narrativeqa")):
         by_passage.setdefault(row["passage_id"], []).append(row)
     chosen = [by_passage[p] for p in sorted(by_passage)[offset:offset + docs]]
     if len(chosen) < docs or any(len(rows) < questions for rows in chosen):
         raise SystemExit(f"narrativeqa has no {docs} passages with {questions} questions from passage {offset}")
-    return [{"id": rows[q]["id"], "prompt": rows[q]["prompt"]} for q in range(questions) for rows in chosen]
+    return [{"id": rows[q]["id"], "prompt": rows[q]["prompt"]}
+            for q in range(questions) for _ in range(repeats) for rows in chosen]
 
 
 def app_args(routing: str, shared: bool, max_tokens: int) -> dict:
@@ -174,6 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--docs", type=int, default=8)
     p.add_argument("--questions", type=int, default=5)
     p.add_argument("--offset", type=int, default=0, help="first narrativeqa passage")
+    p.add_argument("--repeats", type=int, default=1, help="times each round of questions is sent")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--midrun", action="store_true", help="also the arm whose replica is replaced mid-run")
@@ -187,13 +191,13 @@ def main(argv=None) -> int:
     from serve_app.builder import build_app
     from serve_app.config import AppConfig
 
-    rows = workload(args.docs, args.questions, args.offset)
+    rows = workload(args.docs, args.questions, args.offset, args.repeats)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     url = f"http://127.0.0.1:{args.port}"
     arms = [("pow2_local", "pow2", False, rows, None), ("affinity_fleet", "prefix_affinity", True, rows, None)]
     if args.midrun:
-        more = workload(2 * args.docs, args.questions, args.offset + args.docs)
+        more = workload(2 * args.docs, args.questions, args.offset + args.docs, args.repeats)
         arms.append(("midrun", "prefix_affinity", True, more, len(more) // 4))
     results = []
     try:

@@ -47,3 +47,11 @@ def test_midrun_figures_use_the_last_sample_when_the_newcomer_answered_fewer():
     fig = midrun_figures(samples, {"new": "n", "survivor": "s", "start": start, "replacement_s": 1.0})
     assert fig["new_replica_requests"] == 3
     assert fig["ratio"] == pytest.approx(1.5 / 3.0, abs=1e-3)
+
+
+def test_workload_repeats_each_round_of_questions():
+    by_id = {r["id"]: r for r in read_prompts(prompt_path("narrativeqa"))}
+    rows = workload(docs=2, questions=2, offset=0, repeats=2)
+    assert [by_id[r["id"]]["passage_id"] for r in rows] == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert [r["id"] for r in rows[:4]] == [rows[0]["id"], rows[1]["id"]] * 2
+    assert rows[4]["id"] != rows[0]["id"]
