@@ -278,7 +278,8 @@ class ModelReplica:
         the same values."""
         st = self.engine.memory_stats()
         self.metrics.set_memory(st)
-        return {**asdict(st), "output_memory": await self.fleet_status()}
+        return {**asdict(st), "output_memory": await self.fleet_status(),
+                "decode_step": asdict(self.engine.step_path())}
 
     # ---- requests ----------------------------------------------------------
     async def queue_length(self) -> int:

@@ -79,30 +79,44 @@ def profile_step(step, device: str, layers: int, top: int = TOP_KERNELS) -> dict
 
 def profile(rec: SectionRecord, sz: Sizes) -> None:
     """One decode step of the shape, at each (rows, width) of `profile_batches` after `profile_context` tokens
-    in every row, with exact forwards and with the stock kernels, and exact through the Hugging Face forward."""
+    in every row: exact at the step's own shapes, exact at bucketed static shapes (static_step.py: CUDA graphs
+    replayed on CUDA, the same function run eagerly elsewhere), the stock kernels, and exact through the
+    Hugging Face forward the decoder step replaces."""
     model = shaped_model(sz.profile_shape, sz.device)
-    runner = ModelRunner(model)
+    runner = ModelRunner(model, static_step=True)
     runner.check_tree_masks()
     widest = max(w for _, w in sz.profile_batches)
     single, tokens = _context(runner, sz.profile_shape["vocab_size"], sz.profile_context, widest + 1)
     rec.result.update(shape=sz.profile_shape, context=sz.profile_context, dtype=str(runner.dtype), steps={})
+    own, static = runner.step, runner.static
+    arms = (("exact", True, own, None), ("exact_static", True, own, static), ("stock", False, own, None),
+            ("exact_hf_forward", True, None, None))
     for rows, width in sz.profile_batches:
         cache = _batch(runner, single, rows, widest + 1)
         trees = [chain(tokens[:width])] * rows
-        # The decoder step (decoder_step.py) exact and stock, and the Hugging Face forward it replaces, exact
-        own = runner.step
-        for name, exact, step_of in (("exact", True, own), ("stock", False, own), ("exact_hf_forward", True, None)):
-            if rec.over() or name == "exact_hf_forward" and own is None:
+        for name, exact, step_of, static_of in arms:
+            if rec.over() or step_of is None and own is None or static_of is None and name == "exact_static":
                 continue
+
             def step(cache=cache, trees=trees, width=width, exact=exact):
                 return runner.verify_batch(cache, trees, width, ragged=runner.ragged, exact=exact).argmax()
 
-            runner.step = step_of
+            runner.step, runner.static = step_of, static_of
             try:
                 rec.put(("steps", f"{rows}x{width}", name), profile_step(step, sz.device, runner.num_layers))
             finally:
-                runner.step = own
+                runner.step, runner.static = own, static
+        if static is not None and not rec.over():  # the static step's tokens are the eager step's
+            picks = []
+            for static_of in (None, static):
+                runner.static = static_of
+                out = runner.verify_batch(cache, trees, width, ragged=runner.ragged)
+                picks.append([out[b][:width].argmax(-1).tolist() for b in range(rows)])
+            runner.static = static
+            rec.put(("steps", f"{rows}x{width}", "static_argmax_equals_eager"), picks[0] == picks[1])
         cache.close()
+    if static is not None:
+        rec.put(("cuda_graphs",), {"captured": static.captures, "replays": static.replays, "capturing": static.capture})
 
 
 # ---- C. timing grid -----------------------------------------------------------------------------------------

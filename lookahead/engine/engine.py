@@ -45,7 +45,7 @@ from lookahead.model.kv_memory import KVLedger
 from lookahead.core.payoff import Payoff
 from lookahead.core.planner import break_even, plan_step
 from lookahead.model.prefix_cache import PrefixCache
-from lookahead.model.runner import is_fatal_device_error
+from lookahead.model.runner import StepPath, is_fatal_device_error
 from lookahead.engine.scheduler import Scheduler, SchedulerConfig
 from lookahead.engine.sequence import Generation, Sequence
 from lookahead.engine.stats import EngineTimes
@@ -279,6 +279,10 @@ class Engine:
         return MemoryStats(led.capacity_bytes, led.used_bytes, led.peak_bytes, self.prefixes.bytes,
                            len(s.running) + (s.prefilling is not None), len(self._inbox) + len(s.waiting),
                            led.budget.terms())
+
+    def step_path(self) -> StepPath:
+        """Which forward the decode steps take, and the CUDA graphs replayed (runner.StepPath)."""
+        return self.runner.step_path()
 
     @property
     def active_requests(self) -> int:

@@ -43,7 +43,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from lookahead.model.kv_cache import KVCache
-from lookahead.model.kv_memory import KVLedger
+from lookahead.model.kv_memory import SPARE_SLOTS, KVLedger
 from lookahead.model.paged_attention import PagedKernel, PoolRead, kernel
 
 
@@ -200,7 +200,8 @@ class BatchKVCache(Cache):
         self.ledger = ledger
         self.staging_entries = staging_entries
         self.pool_tokens = ledger.token_capacity
-        self._whole, self._give_back = _pool_tensors(self, layout, self.pool_tokens)
+        # one slot past the ledger's tokens: the trash slot (`trash`), no row's
+        self._whole, self._give_back = _pool_tensors(self, layout, self.pool_tokens + SPARE_SLOTS)
         layers = [_PoolLayer(self, k[: self.pool_tokens], v[: self.pool_tokens]) for k, v in self._whole]
         _LIVE.add(self)
         self.keys_of: list[object] = []  # [rows] each row's ledger key
@@ -210,6 +211,7 @@ class BatchKVCache(Cache):
         self._staging: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.plan: ForwardPlan | None = None
         self.paged: PagedKernel | None = None  # several rows read the pool in place with this (else: gathered)
+        self.captured: dict = {}  # static_step.py's graphs over this pool (they hold its addresses), dropped on close
         if layout.in_place and all(PagedKernel.supports(d, layout.dtype, layout.head_dim) for d in layout.devices):
             self.paged = kernel()
         super().__init__(layers=layers)
@@ -231,6 +233,7 @@ class BatchKVCache(Cache):
             layer.keys = layer.values = None
         self._whole = []
         self._staging.clear()
+        self.captured.clear()
         self.keys_of, self.offsets, self.lengths = [], [], []
         self._give_back()
 
@@ -259,6 +262,24 @@ class BatchKVCache(Cache):
         return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
 
     # ---- forwards --------------------------------------------------------
+    @property
+    def trash(self) -> int:
+        """A pool slot no row owns (the last): a padded static step writes its padding tokens' keys and values
+        there, and points its padding rows' reads at it (static_step.py)."""
+        return self.pool_tokens
+
+    def whole_pools(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values) [pool_tokens + 1, kv_heads, head_dim]: the pool with its trash slot."""
+        return [(k[: self.pool_tokens + SPARE_SLOTS], v[: self.pool_tokens + SPARE_SLOTS]) for k, v in self._whole]
+
+    def begin_static(self, width: int) -> None:
+        """The bookkeeping of a padded forward `width` tokens wide whose writes and reads a static step computes
+        on the device itself (static_step.py): every row holds its tree's slots until `commit`."""
+        assert self.rows >= 1
+        self.plan = None
+        for key, l in zip(self.keys_of, self.lengths):
+            self.ledger.hold(key, l + width)
+
     def begin_forward(self, width: int, counts: list[int] | None = None, read_in_place: bool = False) -> ForwardPlan:
         """Plan the writes and reads of a forward `width` tokens wide for every running row.
 

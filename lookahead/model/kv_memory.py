@@ -124,6 +124,9 @@ def kv_budget(kv_cache_gb: float | None, utilization: float, device: DeviceMemor
     return Budget(int(host_available * HOST_SHARE), f"{HOST_SHARE:g} of {host_available / 2**30:.1f} GiB available RAM")
 
 
+SPARE_SLOTS = 1  # pool slots past the ledger's blocks: the trash slot padded static steps write (static_step.py)
+
+
 @dataclass
 class KVLedger:
     """Blocks of the budget reserved per request; admission asks it first."""
@@ -146,8 +149,8 @@ class KVLedger:
     def for_rows(cls, shape: KVShape, rows: int, row_tokens: int, block_tokens: int = 16) -> "KVLedger":
         """A ledger with room for exactly `rows` reservations of `row_tokens` each."""
         blocks = rows * ceil(row_tokens / block_tokens)
-        return cls(shape, Budget(blocks * block_tokens * shape.token_bytes, f"{rows} rows of {row_tokens} tokens"),
-                   block_tokens)
+        return cls(shape, Budget((blocks * block_tokens + SPARE_SLOTS) * shape.token_bytes,
+                                 f"{rows} rows of {row_tokens} tokens"), block_tokens)
 
     @property
     def block_bytes(self) -> int:
@@ -155,12 +158,17 @@ class KVLedger:
 
     @property
     def blocks(self) -> int:
-        return self.budget.bytes // self.block_bytes
+        return max(0, self.budget.bytes - SPARE_SLOTS * self.shape.token_bytes) // self.block_bytes
 
     @property
     def capacity_bytes(self) -> int:
-        """What the pool holds: the budget's whole blocks."""
+        """What the rows can hold: the budget's whole blocks, after the pool's slot that no row owns."""
         return self.blocks * self.block_bytes
+
+    @property
+    def pool_bytes(self) -> int:
+        """What the pool holds: the rows' blocks and the slot no row owns (batch_cache: the trash slot)."""
+        return self.capacity_bytes + SPARE_SLOTS * self.shape.token_bytes
 
     @property
     def token_capacity(self) -> int:

@@ -8,6 +8,7 @@ causal LM whose forward honours a 4D boolean attention mask and explicit
 
 import inspect
 import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from lookahead.model.device_memory import CudaMemory, budget_terms
 from lookahead.model.kv_cache import KVCache
 from lookahead.model.kv_memory import Budget, KVLedger, KVShape, host_available_bytes, kv_budget
 from lookahead.model.sampling import SamplingParams, draw
+from lookahead.model.static_step import GRAPHS_ENV, StaticSteps
 from lookahead.core.planner import layouts_of
 from lookahead.core.step_table import StepTable, bracket
 from lookahead.model.tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
@@ -82,6 +84,17 @@ class BatchLogits:
         return out.tolist()
 
 
+@dataclass
+class StepPath:
+    """Which forward a decode step takes (`GET /stats`): an operator sees whether graphs are replayed."""
+
+    decoder_step: bool  # the decoder step's own forward (else the Hugging Face forward)
+    static_shapes: bool  # at bucketed static shapes (static_step.py)
+    cuda_graphs: bool  # captured and replayed as CUDA graphs
+    graphs_captured: int
+    graph_replays: int
+
+
 class DeviceClock:
     """The device's own time for the work queued between `start` and `stop`: CUDA events, read only after the
     step's existing sync (its argmax read back), so timing adds no sync. Off CUDA the host runs the work as it
@@ -110,9 +123,12 @@ class DeviceClock:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None, exact: bool | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, fast_small_matmul: bool | None = None, exact: bool | None = None,
+                 static_step: bool | None = None) -> None:
         """`exact`: batch-invariant forwards (attention.exact_sdpa and one matmul kernel for every row count), so a
-        token's logits are the same bits alone, in a tree or in a batch; None: on for half-precision models."""
+        token's logits are the same bits alone, in a tree or in a batch; None: on for half-precision models.
+        `static_step`: decode steps at bucketed static shapes (static_step.py), captured as CUDA graphs on CUDA;
+        None: on CUDA unless LOOKAHEAD_CUDA_GRAPHS=0. Needs the decoder step (else ignored)."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -150,6 +166,12 @@ class ModelRunner:
         self.clock = DeviceClock(self.device)
         self.memory = CudaMemory()  # how the KV budget reads an accelerator's memory (tests: a stand-in)
         self._peaks: dict[tuple[int, int, int], int] = {}  # (rows, width, prefill chunk) -> activation peak
+        if static_step is None:
+            static_step = self.device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
+        self.static = None  # StaticSteps: the decode step at bucketed shapes (None: at its own shapes)
+        if static_step and self.step is not None:
+            self.static = StaticSteps(self.step, self._attention_modules(), self.device)
+        self._probing = False  # the activation probe runs: static steps stay eager (no capture)
 
     @contextmanager
     def _active(self, ragged: attention.RaggedQueries | None = None, exact: bool = True, paged=None):
@@ -164,6 +186,11 @@ class ModelRunner:
         finally:
             self._attn.on, self._attn.ragged, self._attn.paged = False, None, None
             self._attn.exact, self._fast.exact = self.exact, self._exact_linears
+
+    def step_path(self) -> StepPath:
+        st = self.static
+        return StepPath(self.step is not None, st is not None, st is not None and st.capture,
+                        st.captures if st else 0, st.replays if st else 0)
 
     # ---- forwards --------------------------------------------------------
     def new_cache(self, capacity: int) -> KVCache:
@@ -224,7 +251,9 @@ class ModelRunner:
         """The most one forward of an engine with these limits allocates above what is allocated before it, on
         its accelerators (0 where there are none): the larger of a verify of `rows` rows x `width` tokens with
         every row at the model's whole context, and a prefill chunk of `prefill_chunk` tokens ending there.
-        Measured once per shape, at the real shapes: every row reads one range of a probe pool, so the probe's
+        Where decode steps are captured as CUDA graphs (static_step.py) the verify's share is held by the graphs'
+        pool while prefills run eagerly beside it: the two add. Measured once per shape, at the real shapes
+        (the static step's bucket, run eagerly): every row reads one range of a probe pool, so the probe's
         KV is one context's worth, not `rows` of them (the pool is made before measuring, and is not counted)."""
         devices = self._accelerated()
         if not devices:
@@ -238,13 +267,19 @@ class ModelRunner:
             for _ in range(rows):
                 probe.attach(whole, context)
             trees = [chain([1] * width)] * rows
-            verify = self.memory.peak_during(devices, lambda: self.verify_batch(probe, trees, width).argmax())
+            self._probing = True
+            try:
+                verify = self.memory.peak_during(devices, lambda: self.verify_batch(probe, trees, width).argmax())
+            finally:
+                self._probing = False
             chunk = min(prefill_chunk, context)
             row = probe.row_cache(whole)
             row.length = context - chunk
             prefill = self.memory.peak_during(devices, lambda: self.prefill(row, [1] * chunk))
             probe.close()
-            self._peaks[key] = max(verify, prefill)
+            # captured graphs keep their working set in their own pool for good, beside every eager forward's
+            held = self.static is not None and self.static.capture
+            self._peaks[key] = verify + prefill if held else max(verify, prefill)
         return self._peaks[key]
 
     def kv_budget(self, kv_cache_gb: float | None, utilization: float, activation_peak: int) -> Budget:
@@ -318,7 +353,12 @@ class ModelRunner:
 
     def _step_batch(self, cache: BatchKVCache, trees: list[DraftTree], width: int, ragged: bool, exact: bool
                     ) -> BatchLogits:
-        """verify_batch through the decoder step (decoder_step.py): the same layouts, the same arithmetic."""
+        """verify_batch through the decoder step (decoder_step.py): the same layouts, the same arithmetic; at a
+        bucket's static shape (and replayed as a CUDA graph there) when the runner has `static`."""
+        if self.static is not None:
+            cache.begin_static(width)
+            logits, shape = self.static.run(cache, trees, width, exact and self.exact, eager=self._probing)
+            return BatchLogits(logits[: len(trees) * shape.width], [b * shape.width for b in range(len(trees))])
         counts = [len(t.tokens) for t in trees]
         ragged = ragged and self.ragged and any(c != width for c in counts)
         lone = not ragged and len(trees) == 1 and width == 1 and self._fast.enabled

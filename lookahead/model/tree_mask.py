@@ -84,9 +84,19 @@ def batch_tree_inputs(trees: list[DraftTree], lengths: list[int], width: int, de
         sizes[b] = q
     to = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     base = torch.tensor(lengths, dtype=torch.long, device=device)  # [rows]
-    kv_len = max(lengths) + width
-    rel = torch.arange(kv_len, device=device)[None, :] - base[:, None]  # [rows, kv_len]: column less the row's length
-    real = torch.arange(width, device=device)[None, :] < to(sizes)[:, None]  # [rows, width]: a tree row, not padding
-    in_tree = to(anc).gather(2, rel.clamp(0, width - 1)[:, None, :].expand(n, width, kv_len))  # [rows, width, kv_len]
+    mask = device_mask(to(anc), to(sizes), base, max(lengths) + width)
+    return TreeInputs(to(ids), base[:, None] + to(depths), mask)
+
+
+def device_mask(anc: torch.Tensor, sizes: torch.Tensor, lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """The [rows, 1, width, kv_len] bool mask, made where `anc` [rows, width, width] (each tree's ancestry,
+    padding seeing itself), `sizes` [rows] (tree tokens; 0: a padding row) and `lengths` [rows] are: row b's
+    tree rows see its first lengths[b] columns and their own root path after them; padding sees only itself.
+    Shapes alone decide the ops, so a CUDA graph replays it (static_step.py)."""
+    n, width = anc.shape[0], anc.shape[1]
+    dev = anc.device
+    rel = torch.arange(kv_len, device=dev)[None, :] - lengths[:, None]  # [rows, kv_len]: column less the row's length
+    real = torch.arange(width, device=dev)[None, :] < sizes[:, None]  # [rows, width]: a tree row, not padding
+    in_tree = anc.gather(2, rel.clamp(0, width - 1)[:, None, :].expand(n, width, kv_len))  # [rows, width, kv_len]
     mask = ((rel < 0)[:, None, :] & real[:, :, None]) | (((rel >= 0) & (rel < width))[:, None, :] & in_tree)
-    return TreeInputs(to(ids), base[:, None] + to(depths), mask[:, None])
+    return mask[:, None]

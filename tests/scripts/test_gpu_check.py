@@ -45,12 +45,14 @@ def test_profile_lists_the_kernels_of_each_step_exact_and_stock(smoke):
     p = smoke["P_profile"]["result"]
     assert set(p["steps"]) == {"1x1", "4x4"}
     for batch in p["steps"].values():
-        assert set(batch) == {"exact", "stock", "exact_hf_forward"}
+        assert batch.pop("static_argmax_equals_eager") is True
+        assert set(batch) == {"exact", "exact_static", "stock", "exact_hf_forward"}
         for step in batch.values():
             assert step["wall_ms"] > 0 and step["kernel_us"] > 0 and 0 < step["top_share_of_kernels"] <= 1
             assert 0 < len(step["top"]) <= 15 and all(k["name"] and k["calls"] >= 1 for k in step["top"])
             assert [k["total_us"] for k in step["top"]] == sorted((k["total_us"] for k in step["top"]), reverse=True)
             assert step["top_level_aten_ops"] > 0 and step["aten_ops_per_layer"] == step["top_level_aten_ops"] / 2
+    assert p["cuda_graphs"]["capturing"] is False and p["cuda_graphs"]["captured"] == 0  # CPU: the same, eager
 
 
 def test_agreement_has_both_levels_in_bf16_and_is_token_for_token(smoke):

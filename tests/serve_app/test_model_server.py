@@ -24,6 +24,7 @@ import pytest
 import ray
 
 from lookahead.engine.engine import EngineStopped, MemoryStats
+from lookahead.model.runner import StepPath
 from lookahead.engine.sequence import Generation
 from lookahead.engine.stats import RequestStats
 from lookahead.core.trie import TokenTrie
@@ -162,6 +163,9 @@ class FakeEngine:
         return MemoryStats(kv_budget_bytes=1 << 20, kv_used_bytes=4096, kv_peak_bytes=8192, prefix_cache_bytes=1024,
                            running=1, waiting=self.queued,
                            kv_budget_terms={"source": "memory.kv_cache_gb=0.001", "kv_budget_bytes": 1 << 20})
+
+    def step_path(self) -> StepPath:
+        return StepPath(False, False, False, 0, 0)
 
     def call_between_steps(self, fn) -> Future:
         fut: Future = Future()
@@ -543,7 +547,8 @@ def test_autoscaling_stats_report_the_engine_queue_and_the_metrics_thread_feeds_
     assert rep.metrics.steps == {"drafting": 7, "plain": 2, "held": 1}
     assert rep.metrics.memory.waiting == 5
     stats = asyncio.run(rep.kv_stats())
-    assert stats == {**asdict(rep.engine.memory_stats()), "output_memory": asyncio.run(rep.fleet_status())}
+    assert stats == {**asdict(rep.engine.memory_stats()), "output_memory": asyncio.run(rep.fleet_status()),
+                     "decode_step": asdict(rep.engine.step_path())}
     assert stats["kv_used_bytes"] == 4096
     assert stats["output_memory"]["shared"] is False  # outside Serve there is no fleet to join
     assert asyncio.run(rep.queue_length()) == 5

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.core.buckets import round_up
 from lookahead.core.step_table import StepTable
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
@@ -17,10 +18,11 @@ from tests.lookahead.tiny_models import tiny
 PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], list(range(10, 40)), [2, 9, 2, 9, 2, 9, 2]]
 
 
-def engine(family: str, dtype: torch.dtype, step: bool, monkeypatch, rows: int) -> Engine:
+def engine(family: str, dtype: torch.dtype, step: bool, monkeypatch, rows: int, static: bool = False) -> Engine:
+    """`static`: the step at bucketed static shapes (static_step.py), as CUDA replays it, run eagerly here."""
     if not step:
         monkeypatch.setenv(decoder_step.ENV, "0")
-    runner = ModelRunner(tiny(family).to(dtype))
+    runner = ModelRunner(tiny(family).to(dtype), static_step=static)
     monkeypatch.delenv(decoder_step.ENV, raising=False)
     assert (runner.step is not None) == step
     la = LookaheadConfig(decoding_length=16, branch_length=6, adaptive=False)
@@ -54,11 +56,28 @@ def test_the_engine_decodes_the_same_tokens_through_the_step(family, dtype, rows
     assert accepted > 0, "no draft accepted: the trees went untested"
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_the_engine_decodes_the_same_tokens_through_the_static_step(family, dtype, rows, monkeypatch):
+    prompts = PROMPTS[:rows] if rows > 1 else PROMPTS[2:3]
+    e = engine(family, dtype, True, monkeypatch, rows, static=True)
+    ours, accepted = run(e, prompts, 40)
+    theirs, _ = run(engine(family, dtype, True, monkeypatch, rows), prompts, 40)
+    assert ours == theirs
+    assert accepted > 0, "no draft accepted: the trees went untested"
+    path = e.step_path()  # what /stats shows: static shapes; on the CPU run eagerly, no graph
+    assert path.decoder_step and path.static_shapes and not path.cuda_graphs and path.graphs_captured == 0
+    buckets = e.cache.captured["static"]  # the steps ran at bucketed shapes
+    assert buckets and sum(r.uses for r in buckets.values()) >= 10 and round_up(rows) in {s.rows for s, _ in buckets}
+
+
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
 
 
-def test_a_decode_step_reads_the_device_back_at_most_twice(monkeypatch):
-    e = engine("qwen2", torch.float32, True, monkeypatch, 4)
+@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
+def test_a_decode_step_reads_the_device_back_at_most_twice(static, monkeypatch):
+    e = engine("qwen2", torch.float32, True, monkeypatch, 4, static)
     handles = [e.add_request(p, stop=StopCriteria(40)) for p in PROMPTS]
     while len(e.scheduler.running) < 4 or e.scheduler.prefilling is not None:
         e.step()

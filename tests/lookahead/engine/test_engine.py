@@ -11,6 +11,7 @@ from lookahead import LookaheadConfig, LookaheadDecoder, SamplingParams, StopCri
 from lookahead.engine.engine import Engine, EngineStopped, ExceedsBudget
 from lookahead.core.step_table import StepTable
 from lookahead.model.runner import ModelRunner
+from lookahead.model.kv_memory import SPARE_SLOTS
 from lookahead.engine.scheduler import SchedulerConfig
 from lookahead.engine.sequence import Sequence
 
@@ -180,7 +181,7 @@ def test_kv_memory_is_the_tokens_held_within_the_budget_and_all_comes_back():
 
 def test_a_request_that_could_never_fit_the_budget_is_refused_naming_it():
     probe = make_engine()[1]
-    budget_gb = 64 * probe.ledger.shape.token_bytes / 2**30
+    budget_gb = (64 + SPARE_SLOTS) * probe.ledger.shape.token_bytes / 2**30  # 4 blocks and the trash slot
     _, engine = make_engine(kv_cache_gb=budget_gb)
     with pytest.raises(ExceedsBudget, match="KV budget holds 64"):
         engine.add_request(list(range(1, 40)), stop=StopCriteria(30))

@@ -8,7 +8,7 @@ matter here) and each prefill chunk is marked done by hand, as the engine does a
 import pytest
 
 from lookahead.config import LookaheadConfig
-from lookahead.model.kv_memory import Budget, KVLedger, KVShape
+from lookahead.model.kv_memory import SPARE_SLOTS, Budget, KVLedger, KVShape
 from lookahead.model.sampling import SamplingParams
 from lookahead.engine.scheduler import Prefill, Scheduler, SchedulerConfig
 from lookahead.engine.sequence import Sequence, StopCriteria
@@ -22,7 +22,7 @@ def req(prompt_tokens: int, new_tokens: int = 8) -> Sequence:
 
 
 def ledger(blocks: int) -> KVLedger:
-    return KVLedger(SHAPE, Budget(blocks * BLOCK * SHAPE.token_bytes, "test"), block_tokens=BLOCK)
+    return KVLedger(SHAPE, Budget((blocks * BLOCK + SPARE_SLOTS) * SHAPE.token_bytes, "test"), block_tokens=BLOCK)
 
 
 def scheduler(max_batch_size: int = 4, prefill_chunk: int = 512, **kw) -> Scheduler:

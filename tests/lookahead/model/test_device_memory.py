@@ -17,6 +17,7 @@ from lookahead.model import batch_cache
 from lookahead.model.device_memory import Reading, budget_terms
 from lookahead.model.kv_memory import kv_budget
 from lookahead.model.runner import ModelRunner
+from lookahead.model.static_step import StaticSteps
 
 from tests.lookahead.tiny_models import tiny
 
@@ -108,6 +109,17 @@ def test_the_budget_is_the_device_share_less_weights_outside_memory_and_the_meas
         assert len(h.result().tokens) == 6
 
 
+def test_captured_decode_steps_hold_their_working_set_beside_the_prefills(device):
+    # CUDA graphs keep the verify's activations in their pool for good: the budget leaves room for both peaks
+    device.runner.static = StaticSteps(device.runner.step, device.runner._attention_modules(), torch.device("cpu"),
+                                       capture=True)
+    weights = device.runner.weight_bytes(torch.device("cpu"))
+    with engine(device) as e:
+        assert e.memory_stats().kv_budget_terms["activation_peak_bytes"] == 2 * 32 * MiB
+        assert e.ledger.budget.bytes == int(0.9 * GiB) - weights - 64 * MiB - 2 * 32 * MiB
+        assert device.probed == [256 - 9] * 4 and device.runner.static.captures == 0  # the probe ran eagerly
+
+
 def test_two_engines_one_after_the_other_both_get_the_budget_and_share_one_pool(device):
     first = engine(device)
     budget, pool = first.ledger.budget.bytes, first.cache.layers[0].keys.data_ptr()
@@ -123,7 +135,7 @@ def test_two_engines_one_after_the_other_both_get_the_budget_and_share_one_pool(
         except ValueError as e:
             assert "no room for KV" in str(e)
         else:
-            assert left == budget - second.ledger.capacity_bytes < second.ledger.block_bytes
+            assert left == budget - second.ledger.pool_bytes < second.ledger.block_bytes
 
 
 def test_what_else_holds_the_device_comes_out_of_the_budget(device):

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from lookahead.config import LookaheadConfig
 from lookahead.model.convert import chatglm3, qwen1
-from lookahead.model.kv_memory import Budget, DeviceMemory, KVLedger, KVShape, kv_budget, staging_bytes
+from lookahead.model.kv_memory import SPARE_SLOTS, Budget, DeviceMemory, KVLedger, KVShape, kv_budget, staging_bytes
 from lookahead.model.sampling import SamplingParams
 from lookahead.engine.scheduler import Scheduler, SchedulerConfig
 from lookahead.engine.sequence import Sequence, StopCriteria
@@ -113,7 +113,7 @@ def test_the_gpu_configs_fit_as_their_comments_say(name, config_file, gib, worst
 
 def test_a_request_waits_for_memory_and_the_queue_stays_fifo():
     shape = KVShape(layers=2, kv_heads=1, head_dim=4, dtype_bytes=4)  # 64 bytes per token
-    ledger = KVLedger(shape, Budget(64 * 16 * 10, "test"), block_tokens=16)  # 10 blocks
+    ledger = KVLedger(shape, Budget(64 * (16 * 10 + SPARE_SLOTS), "test"), block_tokens=16)  # 10 blocks
     s = Scheduler(SchedulerConfig(max_batch_size=8, max_tokens_per_step=64), ledger=ledger, headroom=4)
     big, small = seq(100, 50), seq(4, 4)  # 154 tokens: 10 blocks; 12 tokens: 1 block
     first = seq(4, 4)
@@ -140,7 +140,7 @@ def test_held_tokens_report_whole_blocks_and_the_peak():
 
 
 def test_reservations_are_contiguous_and_coalesce_when_released():
-    ledger = KVLedger(KVShape(1, 1, 1, 4), Budget(10 * 16 * 8, "test"), block_tokens=16)  # 10 blocks
+    ledger = KVLedger(KVShape(1, 1, 1, 4), Budget((10 * 16 + SPARE_SLOTS) * 8, "test"), block_tokens=16)  # 10 blocks
     assert [ledger.reserve(k, n * 16) for k, n in (("a", 3), ("b", 3), ("c", 4))] == [0, 48, 96]
     ledger.release("a")
     ledger.release("c")
