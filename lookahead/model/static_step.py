@@ -218,7 +218,9 @@ class StaticSteps:
                 fn()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, stream=side):  # (one stream: the pool is shared fully)
+            # one stream: the pool is shared fully; thread_local: the replica's other threads (metrics reading
+            # the device's memory) may call the driver while the engine thread captures
+            with torch.cuda.graph(graph, pool=self._pool, stream=side, capture_error_mode="thread_local"):
                 rec.logits = fn()
             rec.graph = graph
             self.captures += 1

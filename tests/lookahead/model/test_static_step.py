@@ -1,7 +1,12 @@
 """The static-shape decode step (static_step.py) run eagerly on the CPU, as a CUDA graph replays it: the same
 logits as the eager decoder step (bitwise in bf16's exact arithmetic, within rounding in fp32) for 1 and 4
 rows with trees, every bucket axis padded; padding never touches a row's KV (only the trash slot); and
-the buffers are refilled per step, so one bucket serves steps of other trees, rows and contexts."""
+the buffers are refilled per step, so one bucket serves steps of other trees, rows and contexts; and, over a
+stand-in for torch.cuda's graph API, a bucket is captured on its second use, replayed after, never during the
+KV budget's probe, and left eager (warned once) when its capture fails."""
+
+from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -94,3 +99,66 @@ def test_one_bucket_serves_steps_of_other_trees_rows_and_contexts():
     assert len(a_cache.captured["static"]) == 2
     a_cache.close()
     assert not a_cache.captured  # the records hold the pool's addresses: they go with it
+
+
+class FakeCuda:
+    """torch.cuda's graph API as static_step calls it, on the CPU: a capture runs the step once (as a real capture's
+    warm-up does), a replay only counts. For the control flow around capture, not for what a graph computes."""
+
+    def __init__(self, monkeypatch, fail: bool = False) -> None:
+        self.replays, self.captures, self.fail = 0, 0, fail
+        stream = SimpleNamespace(wait_stream=lambda other: None)
+        fake = self
+
+        class Graph:
+            def replay(self):
+                fake.replays += 1
+
+        @contextmanager
+        def graph(g, pool=None, stream=None, capture_error_mode="global"):
+            assert pool is not None and capture_error_mode == "thread_local"
+            if fake.fail:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            fake.captures += 1
+            yield
+
+        for name, value in (("CUDAGraph", Graph), ("graph", graph), ("Stream", lambda device: stream),
+                            ("current_stream", lambda device: stream), ("stream", lambda s: nullcontext()),
+                            ("graph_pool_handle", lambda: object())):
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_a_bucket_is_captured_on_its_second_use_and_replayed_after(monkeypatch):
+    static, eager = pair("qwen2", torch.bfloat16)
+    cuda = FakeCuda(monkeypatch)
+    static.static.capture = True
+    a_cache, b_cache = filled(static, PROMPTS[:2]), filled(eager, PROMPTS[:2])
+    trees = TREES[:2]
+    first = logits(static, a_cache, trees)  # a one-off shape stays eager
+    assert cuda.captures == 0 and static.static.captures == 0
+    second = logits(static, a_cache, trees)  # captured: the graph's output buffer holds this step's logits
+    assert cuda.captures == 1 and static.static.captures == 1 and cuda.replays == 1
+    for a, b, c in zip(first, second, logits(eager, b_cache, trees)):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    logits(static, a_cache, trees)
+    assert cuda.replays == 2 and cuda.captures == 1  # replayed, never captured again
+    assert static.step_path().graphs_captured == 1 and static.step_path().graph_replays == 2
+
+
+def test_the_activation_probe_never_captures_and_a_failed_capture_stays_eager(monkeypatch, caplog):
+    static, eager = pair("qwen2", torch.bfloat16)
+    cuda = FakeCuda(monkeypatch, fail=True)
+    static.static.capture = True
+    cache = filled(static, PROMPTS[:1])
+    for _ in range(2):
+        cache.begin_static(4)
+        static.static.run(cache, TREES[:1], 4, exact=True, eager=True)  # the probe's way
+        cache.commit([[0]])
+    assert cuda.captures == 0 and not caplog.records
+    want = logits(eager, filled(eager, PROMPTS[:1]), TREES[:1])
+    cache = filled(static, PROMPTS[:1])
+    for _ in range(3):
+        got = logits(static, cache, TREES[:1])
+        assert torch.equal(got[0], want[0])  # the eager step's logits, every time
+    warned = [r for r in caplog.records if "not captured as a CUDA graph" in r.getMessage()]
+    assert len(warned) == 1 and cuda.replays == 0  # tried once, then that bucket stays eager
