@@ -118,12 +118,17 @@ def _plan(rows: list[RowDrafts], counts: list[int], price: Price, ragged: bool) 
 
 
 def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int, margin: float) -> StepPlan:
-    """Greedy, kept incremental: each bought draft adds its probability and one token to the step."""
+    """Greedy, kept incremental: each bought draft adds its probability and one token to the step. Every step
+    priced here has n rows, so a table is read at n once (`StepTable.at_rows`) and each price is one segment of
+    its drafts axis, walked forward as the tokens in flight grow (the same floats as pricing each step anew)."""
     n = len(rows)
+    at_rows = getattr(price, "at_rows", None)
+    walk = _Walk(at_rows(n)) if at_rows is not None else None
     expected = sum(_gain(r.probs, c) for r, c in zip(rows, counts))
     drafting, inflight = sum(c > 0 for c in counts), sum(counts)
-    best_rate, best = expected / cheapest(price, n, drafting, inflight, True)[1], list(counts)
+    best_rate = expected / cheapest(price, n, drafting, inflight, True)[1]
     best_rate *= margin  # the step as it stands (plain, or the fixed rows' trees) unless drafts beat it by that
+    start, bought, best = list(counts), [], 0  # the plan: `start` and then the first `best` drafts bought
     heap = [(-r.probs[0], b) for b, r in enumerate(rows) if not r.fixed and r.probs]
     heapq.heapify(heap)
     while heap and n + inflight < max_tokens:
@@ -132,12 +137,40 @@ def _ragged(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: 
         counts[b] += 1
         inflight += 1
         expected -= neg
+        bought.append(b)
         if counts[b] < len(rows[b].probs):
             heapq.heappush(heap, (-rows[b].probs[counts[b]], b))
-        rate = expected / cheapest(price, n, drafting, inflight, True)[1]
+        ms = walk.cheapest(inflight, split_attention(n, drafting)) if walk else \
+            cheapest(price, n, drafting, inflight, True)[1]
+        rate = expected / ms
         if rate > best_rate:
-            best_rate, best = rate, list(counts)
-    return _plan(rows, best, price, True)
+            best_rate, best = rate, len(bought)
+    for b in bought[:best]:
+        start[b] += 1
+    return _plan(rows, start, price, True)
+
+
+class _Walk:
+    """A table's packed and split prices at one row count along a growing number of drafts in flight: what
+    `cheapest` gives there, with the segment of the drafts grid carried from one call to the next."""
+
+    def __init__(self, prices) -> None:
+        self.grid = prices.drafts
+        self.packed, self.split = prices.columns["packed"], prices.columns.get("split")
+        self.i = 0
+
+    def cheapest(self, drafts: int, split: bool) -> float:
+        grid, i = self.grid, self.i
+        if len(grid) == 1:
+            return min(max(self.packed[0] * 1.0, 1e-6), max(self.split[0] * 1.0, 1e-6) if split else float("inf"))
+        while i < len(grid) - 2 and grid[i + 1] <= drafts:  # (bracket's segment: drafts only grow)
+            i += 1
+        self.i = i
+        t = (drafts - grid[i]) / (grid[i + 1] - grid[i])
+        packed = max(0 + (1.0 - t) * self.packed[i] + t * self.packed[i + 1], 1e-6)
+        if not split:
+            return packed
+        return min(max(0 + (1.0 - t) * self.split[i] + t * self.split[i + 1], 1e-6), packed)  # ties: split first
 
 
 def _padded(rows: list[RowDrafts], counts: list[int], price: Price, max_tokens: int, margin: float) -> StepPlan:

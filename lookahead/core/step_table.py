@@ -84,9 +84,12 @@ class StepTable:
 
     def __call__(self, layout: str, rows: int, drafts: int) -> float:
         """Whole-step ms of `rows` running rows verifying `drafts` draft tokens in `layout`."""
-        grid = self.ms[layout]
-        total = sum(wr * wd * grid[i][j] for i, wr in bracket(self.rows, rows) for j, wd in bracket(self.drafts, drafts))
-        return max(total, 1e-6)
+        grid, at = self.ms[layout], bracket(self.rows, rows)
+        return max(sum(wd * sum(wr * grid[i][j] for i, wr in at) for j, wd in bracket(self.drafts, drafts)), 1e-6)
+
+    def at_rows(self, rows: int) -> "RowPrices":
+        """The table at one row count, for pricing many steps of it (the planner's greedy loop)."""
+        return RowPrices(self, rows)
 
     def least_marginal(self, layouts: tuple[str, ...], rows: int, max_drafts: int) -> float:
         """The least ms one more draft token adds to a step of `rows` rows, anywhere from 0 to `max_drafts`
@@ -131,3 +134,18 @@ class StepTable:
         """{layout: {rows: {drafts: ms}}}, for logs and the bench report."""
         return {lay: {r: {d: round(v, 2) for d, v in zip(self.drafts, row)} for r, row in zip(self.rows, grid)}
                 for lay, grid in self.ms.items()}
+
+
+class RowPrices:
+    """A table's prices at one row count, (layout, drafts) -> ms: its columns interpolated over rows once, then
+    read along the drafts axis. The same sums as `StepTable.__call__`, in the same order: the same floats."""
+
+    def __init__(self, table: StepTable, rows: int) -> None:
+        self.drafts = table.drafts
+        at = bracket(table.rows, rows)
+        self.columns = {lay: [sum(wr * grid[i][j] for i, wr in at) for j in range(len(table.drafts))]
+                        for lay, grid in table.ms.items()}  # layout -> [len(drafts)] ms at `rows`
+
+    def __call__(self, layout: str, drafts: int) -> float:
+        col = self.columns[layout]
+        return max(sum(wd * col[j] for j, wd in bracket(self.drafts, drafts)), 1e-6)

@@ -147,3 +147,20 @@ def test_break_even_is_near_zero_on_a_gpu_and_past_one_where_a_token_costs_a_ste
     assert break_even(gpu_table(), 32, 2048) < 0.2
     dear = StepTable.from_function(ROWS, DRAFTS, lambda _, rows, drafts: 10.0 * (rows + drafts))
     assert break_even(dear, 16, 256) == pytest.approx(1.0)  # a draft would have to be certain just to break even
+
+
+def test_the_walk_along_one_row_count_plans_what_pricing_each_step_anew_plans():
+    # the greedy loop reads the table at its row count once and walks its drafts axis (planner._Walk)
+    rng = random.Random(7)
+    table = StepTable.from_function((1, 4, 16, 64), (0, 8, 64, 512),
+                                    lambda lay, r, d: 3.0 + 0.2 * r + (0.011 if lay == "split" else 0.009) * d
+                                    + (0.4 if lay == "split" else 0.0) + 0.002 * d * d / (r + 1))
+    anew = lambda lay, r, d: table(lay, r, d)  # noqa: E731 - no at_rows: every price read from the grid
+    for _ in range(200):
+        n = rng.choice([1, 2, 3, 5, 8, 16, 17, 40, 64, 70])
+        rows = [RowDrafts(sorted((rng.random() for _ in range(rng.randrange(0, 12))), reverse=True),
+                          fixed=rng.random() < 0.1) for _ in range(n)]
+        cap = rng.choice([n, n + 3, 2 * n, 8 * n, 600])
+        a = plan_step([RowDrafts(list(r.probs), r.fixed) for r in rows], table, cap, True, 0.05)
+        b = plan_step([RowDrafts(list(r.probs), r.fixed) for r in rows], anew, cap, True, 0.05)
+        assert (a.counts, a.layout, a.ms, a.expected) == (b.counts, b.layout, b.ms, b.expected)

@@ -68,3 +68,15 @@ def test_the_least_marginal_price_is_the_cheapest_slope_below_the_drafts_asked_a
     assert t.least_marginal(("packed",), 16, 100) == pytest.approx(0.25)
     assert t.least_marginal(("packed", "split"), 16, 8) == pytest.approx(1.0)  # split's first slope is dearer
     assert t.least_marginal(("absent",), 16, 8) == 0.0  # no such layout: no floor
+
+
+def test_the_table_read_at_one_row_count_gives_the_same_floats():
+    # the planner prices hundreds of steps of one row count a plan: it reads the table there once (RowPrices)
+    table = StepTable.from_function((1, 4, 16, 64), (0, 8, 64, 512),
+                                    lambda lay, r, d: 3.1 + 0.37 * r + 0.013 * d * (2 if lay == "split" else 1))
+    table.observe("packed", 7, 40, 9.9)
+    for rows in (1, 3, 7, 16, 50, 100):
+        fixed = table.at_rows(rows)
+        for layout in ("packed", "split", "padded"):
+            for drafts in (0, 1, 5, 8, 63, 64, 300, 511, 900):
+                assert fixed(layout, drafts) == table(layout, rows, drafts)
