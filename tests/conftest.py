@@ -1,8 +1,12 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Triton kernels (lookahead/model/tree_attention.py) run under Triton's interpreter in the tests: this machine has
+# no GPU, and Triton reads the mode when it is first imported, which a library may do before any test runs.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from loadtest.prompt_sets import prompt_path, read_prompts
 from tests.cluster import free_port

@@ -18,6 +18,7 @@ from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
 from lookahead.model.runner import ModelRunner
+from lookahead.model.static_step import StaticSteps
 
 TOP_KERNELS = 15
 
@@ -89,13 +90,16 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
     single, tokens = _context(runner, sz.profile_shape["vocab_size"], sz.profile_context, widest + 1)
     rec.result.update(shape=sz.profile_shape, context=sz.profile_context, dtype=str(runner.dtype), steps={})
     own, static = runner.step, runner.static
-    arms = (("exact", True, own, None), ("exact_static", True, own, static), ("stock", False, own, None),
-            ("exact_hf_forward", True, None, None))
+    # the static step with the exact fp32 tree attention kernel (tree_attention.py), where Triton runs
+    fused = StaticSteps(own, runner._attention_modules(), runner.device, fused=True) if own is not None else None
+    fused = fused if fused is not None and fused.tree_attention else None
+    arms = (("exact", True, own, None), ("exact_static", True, own, static), ("exact_static_fused", True, own, fused),
+            ("stock", False, own, None), ("exact_hf_forward", True, None, None))
     for rows, width in sz.profile_batches:
         cache = _batch(runner, single, rows, widest + 1)
         trees = [chain(tokens[:width])] * rows
         for name, exact, step_of, static_of in arms:
-            if rec.over() or step_of is None and own is None or static_of is None and name == "exact_static":
+            if rec.over() or step_of is None and own is None or static_of is None and name.startswith("exact_static"):
                 continue
 
             def step(cache=cache, trees=trees, width=width, exact=exact):
@@ -106,14 +110,18 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
                 rec.put(("steps", f"{rows}x{width}", name), profile_step(step, sz.device, runner.num_layers))
             finally:
                 runner.step, runner.static = own, static
-        if static is not None and not rec.over():  # the static step's tokens are the eager step's
+        if static is not None and not rec.over():  # the static steps' tokens are the eager step's
             picks = []
-            for static_of in (None, static):
+            for static_of in (None, static, fused):
+                if static_of is None and picks:
+                    continue
                 runner.static = static_of
                 out = runner.verify_batch(cache, trees, width, ragged=runner.ragged)
                 picks.append([out[b][:width].argmax(-1).tolist() for b in range(rows)])
             runner.static = static
             rec.put(("steps", f"{rows}x{width}", "static_argmax_equals_eager"), picks[0] == picks[1])
+            if fused is not None:
+                rec.put(("steps", f"{rows}x{width}", "static_fused_argmax_equals_eager"), picks[0] == picks[2])
         cache.close()
     if static is not None:
         rec.put(("cuda_graphs",), {"captured": static.captures, "replays": static.replays, "capturing": static.capture})

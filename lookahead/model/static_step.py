@@ -52,7 +52,7 @@ import torch
 
 from lookahead.core.buckets import StepShape, step_shape
 from lookahead.core.draft import DraftTree
-from lookahead.model import attention
+from lookahead.model import attention, tree_attention
 from lookahead.model.decoder_step import DecoderStep, StepBatch
 from lookahead.model.tree_mask import ancestor_matrix, device_mask
 
@@ -120,10 +120,22 @@ class StepGraph:
     failed: bool = False  # capture failed once: this bucket stays eager
 
 
-def static_batch(inputs: StaticInputs, trash: int) -> tuple[StepBatch, torch.Tensor]:
-    """The step's batch and its gather slots, computed on the device from the bucket's buffers alone (so a graph
-    replays them): (StepBatch with ids/positions/mask/dst [rows x width], src [rows x kv] pool slot each row reads
-    at each position)."""
+@dataclass
+class StaticBatch:
+    """A static step's batch and what attention reads, all computed on the device from a bucket's buffers."""
+
+    batch: StepBatch  # ids, positions, mask, dst [rows x width]
+    src: torch.Tensor  # [rows * kv] pool slot each row reads at each position (the gathered path)
+    offsets: torch.Tensor  # [rows] each row's first slot (padding rows: the trash slot)
+    lengths: torch.Tensor  # [rows] committed tokens
+    depths: torch.Tensor  # [rows * width]
+    anc: torch.Tensor  # [rows, width, width] bool
+    walk: torch.Tensor  # [rows] virtual positions tree attention walks: length + width (padding rows: 1)
+
+
+def static_batch(inputs: StaticInputs, trash: int) -> StaticBatch:
+    """The step's batch and its reads, computed on the device from the bucket's buffers alone (so a graph
+    replays them)."""
     s = inputs.shape
     R, W, K, T = s.rows, s.width, s.kv, s.tokens
     ints, dev = inputs.ints, inputs.ints.device
@@ -138,15 +150,22 @@ def static_batch(inputs: StaticInputs, trash: int) -> tuple[StepBatch, torch.Ten
     last = (lengths + width - 1)[:, None]  # [R, 1] the row's last slot written this step
     src = torch.where(live, offsets[:, None] + torch.minimum(cols, last), trash)  # [R, K]
     positions = lengths[:, None] + depths
-    return StepBatch(ids.flatten(), positions.flatten(), mask, dst.flatten(), R, W, None), src.flatten()
+    batch = StepBatch(ids.flatten(), positions.flatten(), mask, dst.flatten(), R, W, None)
+    return StaticBatch(batch, src.flatten(), torch.where(live[:, 0], offsets, trash), lengths, depths.flatten(),
+                       inputs.anc, torch.where(live[:, 0], lengths + width, 1))
 
 
 class StaticSteps:
     """Runs decode steps at bucketed shapes through `step`, captured as CUDA graphs on CUDA (module doc)."""
 
     def __init__(self, step: DecoderStep, modules: list[torch.nn.Module], device: torch.device,
-                 capture: bool | None = None, max_graphs: int = MAX_GRAPHS) -> None:
+                 capture: bool | None = None, max_graphs: int = MAX_GRAPHS, fused: bool | None = None) -> None:
+        """`fused`: exact steps attend with tree_attention.py's kernel (fp32, over the pool in place) instead of
+        gathering and float64; None: where LOOKAHEAD_TREE_ATTENTION=triton asks for it and Triton can run."""
         self.step, self.modules, self.device = step, modules, device
+        if fused is None:
+            fused = tree_attention.wanted()
+        self.tree_attention = fused and tree_attention.usable(device)
         if capture is None:
             capture = device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
         self.capture = capture
@@ -191,9 +210,20 @@ class StaticSteps:
         sdpa = attention.exact_sdpa if exact else attention._tree_sdpa
         R, W, K = inputs.shape.rows, inputs.shape.width, inputs.shape.kv
 
+        fused = exact and self.tree_attention
+
         @torch.inference_mode()
         def forward() -> torch.Tensor:
-            batch, src = static_batch(inputs, trash)
+            sb = static_batch(inputs, trash)
+            src = sb.src
+            if fused:  # exact fp32 tree attention over the pool in place (tree_attention.py)
+                paths = tree_attention.ancestor_paths(sb.anc, sb.depths.view(R, W)).flatten(0, 1)
+
+                def attend(i, q, keys, values, batch):
+                    return tree_attention.attend(q, keys, values, sb.offsets, sb.lengths, sb.depths, paths, sb.walk,
+                                                 R, W, step.scale)
+
+                return step.forward(sb.batch, pools, attend, exact)
 
             def attend(i, q, keys, values, batch):
                 kvh, d = keys.shape[1], keys.shape[2]
@@ -203,7 +233,7 @@ class StaticSteps:
                 out, _ = sdpa(modules[i], padded, k, v, batch.mask, scaling=step.scale)
                 return out.reshape(q.shape)
 
-            return step.forward(batch, pools, attend, exact)
+            return step.forward(sb.batch, pools, attend, exact)
 
         return forward
 
