@@ -186,7 +186,7 @@ class StaticSteps:
         budget's activation probe measures this step run eagerly)."""
         shape = self.shape_of(len(trees), width, max(cache.lengths) + width)
         records: OrderedDict = cache.captured.setdefault("static", OrderedDict())
-        key = (shape, exact)
+        key = (shape, exact, self.tree_attention)  # (two StaticSteps over one cache keep their own graphs)
         rec = records.get(key)
         if rec is None:
             rec = records[key] = StepGraph(StaticInputs.new(shape, self.device))
