@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
+from lookahead.core.draft import DraftTree
 from lookahead.core.step_table import StepTable
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
@@ -128,3 +129,21 @@ def test_bf16_lookahead_through_the_kernel_decodes_exactly_what_plain_decoding_d
 
 def test_without_the_switch_the_static_step_keeps_float64_attention():
     assert not ModelRunner(tiny("qwen2").to(torch.bfloat16), static_step=True).static.tree_attention
+
+
+def test_the_kernel_and_the_float64_static_step_keep_their_own_buckets_over_one_cache():
+    from lookahead.model.static_step import StaticSteps
+
+    runner = ModelRunner(tiny("qwen2").to(torch.bfloat16), static_step=True)
+    fused = StaticSteps(runner.step, runner._attention_modules(), runner.device, fused=True)
+    cache = runner.new_batch_cache(1, 64)
+    single = runner.new_cache(64)
+    runner.prefill(single, [3, 1, 4, 1, 5])
+    cache.admit(single, 16)
+    tree = DraftTree([9, 2, 6], [-1, 0, 0], [0, 1, 1], [1.0] * 3)
+    outs = []
+    for static in (runner.static, fused, runner.static):
+        runner.static = static
+        outs.append(runner.verify_batch(cache, [tree], 3)[0][:3].clone())
+    assert len(cache.captured["static"]) == 2  # one bucket, one record per attention
+    assert torch.equal(outs[0], outs[2]) and outs[0].argmax(-1).tolist() == outs[1].argmax(-1).tolist()
