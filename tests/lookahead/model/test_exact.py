@@ -133,25 +133,33 @@ def test_tree_and_batch_rows_are_bitwise_the_plain_steps(family):
                 assert torch.equal(logits[b][i], ref), (family, ragged, b, i)
 
 
+EXACT_PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6] * 3, [7, 7, 8, 9] * 5, [2, 4, 6, 8, 10, 12] * 3, [5, 4, 3] * 6]
+
+
+def lookahead_and_plain(runner: ModelRunner, new_tokens: int, table=None):
+    """The same engine's outputs for EXACT_PROMPTS, four at once: (lookahead with fixed budgets, so every tree is
+    verified; plain decoding)."""
+    stop = StopCriteria(new_tokens, frozenset())
+
+    def run(la: LookaheadConfig):
+        dec = LookaheadDecoder(runner, LookaheadConfig(decoding_length=16, adaptive=False), table)
+        engine = Engine(dec, SchedulerConfig(max_batch_size=4, max_tokens_per_step=64))
+        handles = [engine.add_request(p, stop=stop, lookahead=la) for p in EXACT_PROMPTS]
+        while not all(h.done for h in handles):
+            engine.step()
+        return [h.result() for h in handles]
+
+    plain = run(LookaheadConfig(enabled=False))
+    return run(LookaheadConfig(decoding_length=16, adaptive=False)), plain
+
+
 def test_bf16_lookahead_decodes_exactly_what_plain_decoding_does():
     """Through the engine, four requests at once, fixed budgets (every tree verified): in bf16 the tokens equal
     the same engine's plain decoding, request by request, and drafts were accepted on the way."""
     model = tiny("llama").to(torch.bfloat16)
     runner = ModelRunner(model)
     runner.check_tree_masks()
-    prompts = [[3, 1, 4, 1, 5, 9, 2, 6] * 3, [7, 7, 8, 9] * 5, [2, 4, 6, 8, 10, 12] * 3, [5, 4, 3] * 6]
-    stop = StopCriteria(40, frozenset())
-
-    def run(la: LookaheadConfig):
-        dec = LookaheadDecoder(runner, LookaheadConfig(decoding_length=16, adaptive=False), None)
-        engine = Engine(dec, SchedulerConfig(max_batch_size=4, max_tokens_per_step=64))
-        handles = [engine.add_request(p, stop=stop, lookahead=la) for p in prompts]
-        while not all(h.done for h in handles):
-            engine.step()
-        return [h.result() for h in handles]
-
-    plain = run(LookaheadConfig(enabled=False))
-    drafted = run(LookaheadConfig(decoding_length=16, adaptive=False))
+    drafted, plain = lookahead_and_plain(runner, 40)
     assert [g.tokens for g in drafted] == [g.tokens for g in plain]
     assert sum(g.stats.accepted_drafts for g in drafted) > 0
 

@@ -7,14 +7,12 @@ GPU check's (section P)."""
 import pytest
 import torch
 
-from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.core.draft import DraftTree
 from lookahead.core.step_table import StepTable
-from lookahead.engine.engine import Engine
-from lookahead.engine.scheduler import SchedulerConfig
 from lookahead.model import attention, tree_attention
 from lookahead.model.runner import ModelRunner
 from lookahead.model.tree_mask import ancestor_matrix
+from tests.lookahead.model.test_exact import lookahead_and_plain
 from tests.lookahead.tiny_models import tiny
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
@@ -110,19 +108,7 @@ def test_bf16_lookahead_through_the_kernel_decodes_exactly_what_plain_decoding_d
     monkeypatch.setenv(tree_attention.ENV, "triton")
     runner = ModelRunner(tiny(family).to(torch.bfloat16), static_step=True)
     assert runner.static.tree_attention
-    prompts = [[3, 1, 4, 1, 5, 9, 2, 6] * 3, [7, 7, 8, 9] * 5, [2, 4, 6, 8, 10, 12] * 3, [5, 4, 3] * 6]
-    stop = StopCriteria(30, frozenset())
-
-    def run(la: LookaheadConfig):
-        dec = LookaheadDecoder(runner, LookaheadConfig(decoding_length=16, adaptive=False), StepTable.flat())
-        engine = Engine(dec, SchedulerConfig(max_batch_size=4, max_tokens_per_step=64))
-        handles = [engine.add_request(p, stop=stop, lookahead=la) for p in prompts]
-        while not all(h.done for h in handles):
-            engine.step()
-        return [h.result() for h in handles]
-
-    plain = run(LookaheadConfig(enabled=False))
-    drafted = run(LookaheadConfig(decoding_length=16, adaptive=False))
+    drafted, plain = lookahead_and_plain(runner, 30, StepTable.flat())
     assert [g.tokens for g in drafted] == [g.tokens for g in plain]
     assert sum(g.stats.accepted_drafts for g in drafted) > 0
 
