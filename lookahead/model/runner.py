@@ -8,7 +8,6 @@ causal LM whose forward honours a 4D boolean attention mask and explicit
 
 import inspect
 import logging
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from lookahead.model.device_memory import CudaMemory, budget_terms
 from lookahead.model.kv_cache import KVCache
 from lookahead.model.kv_memory import Budget, KVLedger, KVShape, host_available_bytes, kv_budget
 from lookahead.model.sampling import SamplingParams, draw
-from lookahead.model.static_step import GRAPHS_ENV, StaticSteps
+from lookahead.model.static_step import StaticSteps, graphs_wanted
 from lookahead.core.planner import layouts_of
 from lookahead.core.step_table import StepTable, bracket
 from lookahead.model.tree_mask import TreeInputs, batch_tree_inputs, causal_inputs, tree_inputs
@@ -167,7 +166,7 @@ class ModelRunner:
         self.memory = CudaMemory()  # how the KV budget reads an accelerator's memory (tests: a stand-in)
         self._peaks: dict[tuple[int, int, int], int] = {}  # (rows, width, prefill chunk) -> activation peak
         if static_step is None:
-            static_step = self.device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
+            static_step = graphs_wanted(self.device)
         self.static = None  # StaticSteps: the decode step at bucketed shapes (None: at its own shapes)
         if static_step and self.step is not None:
             self.static = StaticSteps(self.step, self._attention_modules(), self.device)

@@ -34,7 +34,7 @@ that bucket eager, logged once. Off CUDA the same function runs eagerly
 every step: the CPU tests prove the static path token for token against the
 eager step, and the CUDA graph adds nothing to the arithmetic but replay.
 
-`LOOKAHEAD_CUDA_GRAPHS=0` keeps the static shapes but never captures.
+`LOOKAHEAD_CUDA_GRAPHS=0` runs the eager step on CUDA instead (no static shapes, no graphs).
 Why torch.cuda.CUDAGraph and not torch.compile: no compiler toolchain at
 serving time, no recompilation on a new shape (a bucket is a capture, about
 one step's time), and the buffers a graph reads are explicit here rather
@@ -54,12 +54,17 @@ from lookahead.core.buckets import StepShape, step_shape
 from lookahead.core.draft import DraftTree
 from lookahead.model import attention, tree_attention
 from lookahead.model.decoder_step import DecoderStep, StepBatch
-from lookahead.model.tree_mask import ancestor_matrix, device_mask
+from lookahead.model.tree_mask import device_mask, pack_trees
 
 log = logging.getLogger(__name__)
 
 GRAPHS_ENV = "LOOKAHEAD_CUDA_GRAPHS"
 MAX_GRAPHS = 32  # captured buckets kept per cache: each holds only its kernels' parameters (the pool is shared)
+
+
+def graphs_wanted(device: torch.device) -> bool:
+    """Capture decode steps as CUDA graphs here: on CUDA, unless LOOKAHEAD_CUDA_GRAPHS=0."""
+    return device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
 
 
 @dataclass
@@ -95,14 +100,9 @@ class StaticInputs:
         ids, depths = ints[: s.tokens].reshape(s.rows, s.width), ints[s.tokens : 2 * s.tokens].reshape(s.rows, s.width)
         sizes, lens, offs = (ints[2 * s.tokens + i * s.rows : 2 * s.tokens + (i + 1) * s.rows] for i in range(3))
         ints[:] = 0
-        anc[:] = np.eye(s.width, dtype=bool)
-        for b, tree in enumerate(trees):
-            q = len(tree.tokens)
-            ids[b, :q], ids[b, q:] = tree.tokens, tree.tokens[0]
-            depths[b, :q] = tree.depths
-            if q > 1:
-                anc[b, :q, :q] = ancestor_matrix(tree.parents)
-            sizes[b] = q
+        anc[:] = False
+        anc[len(trees):] = np.eye(s.width, dtype=bool)  # padding rows see only themselves
+        pack_trees(trees, ids, depths, anc, sizes)
         n = len(trees)
         lens[:n], offs[:n], ints[-1] = lengths, offsets, width
         self.ints.copy_(self.host_ints, non_blocking=True)
@@ -167,7 +167,7 @@ class StaticSteps:
             fused = tree_attention.wanted()
         self.tree_attention = fused and tree_attention.usable(device)
         if capture is None:
-            capture = device.type == "cuda" and os.environ.get(GRAPHS_ENV, "1") != "0"
+            capture = graphs_wanted(device)
         self.capture = capture
         self.max_graphs = max_graphs
         self._pool = None  # the graphs' shared memory pool, and the one stream they are captured on (first capture)
@@ -193,9 +193,11 @@ class StaticSteps:
         records.move_to_end(key)
         rec.inputs.fill(trees, cache.lengths, cache.offsets, width)
         rec.uses += 1
-        fn = self._function(cache, rec.inputs, exact)
-        if rec.graph is None and self.capture and not eager and not rec.failed and rec.uses >= 2:
-            self._capture(rec, fn, key)
+        fn = None
+        if rec.graph is None:  # (a replay needs no step function: the graph holds its kernels)
+            fn = self._function(cache, rec.inputs, exact)
+            if self.capture and not eager and not rec.failed and rec.uses >= 2:
+                self._capture(rec, fn, key)
         while len(records) > self.max_graphs:  # the least recently used bucket goes (its graph with it)
             records.popitem(last=False)
         if rec.graph is not None:

@@ -57,6 +57,22 @@ def causal_inputs(tokens: list[int], committed: int, device: torch.device) -> Tr
     )
 
 
+def pack_trees(trees: list[DraftTree], ids: np.ndarray, depths: np.ndarray, anc: np.ndarray, sizes: np.ndarray
+               ) -> None:
+    """Row b's tree into ids[b], depths[b], anc[b] and sizes[b] ([rows, width], [rows, width], [rows, width,
+    width], [rows]; depths and anc zero past the trees beforehand), padded to the width with copies of its
+    root that see only themselves: the host half of a batch's inputs (here and static_step.py)."""
+    width = ids.shape[1]
+    for b, tree in enumerate(trees):
+        q = len(tree.tokens)
+        assert q <= width
+        ids[b, :q], ids[b, q:] = tree.tokens, tree.tokens[0]
+        depths[b, :q] = tree.depths
+        anc[b, :q, :q] = ancestor_matrix(tree.parents)
+        anc[b, np.arange(q, width), np.arange(q, width)] = True
+        sizes[b] = q
+
+
 def batch_tree_inputs(trees: list[DraftTree], lengths: list[int], width: int, device: torch.device) -> TreeInputs:
     """One forward for many rows: row b's tree sits at [lengths[b], lengths[b] + width) of its KV row.
 
@@ -74,14 +90,7 @@ def batch_tree_inputs(trees: list[DraftTree], lengths: list[int], width: int, de
     depths = np.zeros((n, width), dtype=np.int64)
     anc = np.zeros((n, width, width), dtype=bool)  # [rows, width, width]: own root path; padding sees itself
     sizes = np.empty(n, dtype=np.int64)  # [rows] tree tokens, root included
-    for b, tree in enumerate(trees):
-        q = len(tree.tokens)
-        assert q <= width
-        ids[b, :q], ids[b, q:] = tree.tokens, tree.tokens[0]
-        depths[b, :q] = tree.depths
-        anc[b, :q, :q] = ancestor_matrix(tree.parents)
-        anc[b, np.arange(q, width), np.arange(q, width)] = True
-        sizes[b] = q
+    pack_trees(trees, ids, depths, anc, sizes)
     to = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     base = torch.tensor(lengths, dtype=torch.long, device=device)  # [rows]
     mask = device_mask(to(anc), to(sizes), base, max(lengths) + width)
