@@ -129,6 +129,8 @@ class StaticBatch:
     offsets: torch.Tensor  # [rows] each row's first slot (padding rows: the trash slot)
     lengths: torch.Tensor  # [rows] committed tokens
     depths: torch.Tensor  # [rows * width]
+    reach: torch.Tensor  # [rows * width] the deepest tree position a token attends: its depth; -1 past the step's
+    #                      width and in padding rows (their own slot may lie past the row's range, even the pool's)
     anc: torch.Tensor  # [rows, width, width] bool
     walk: torch.Tensor  # [rows] virtual positions tree attention walks: length + width (padding rows: 1)
 
@@ -151,8 +153,9 @@ def static_batch(inputs: StaticInputs, trash: int) -> StaticBatch:
     src = torch.where(live, offsets[:, None] + torch.minimum(cols, last), trash)  # [R, K]
     positions = lengths[:, None] + depths
     batch = StepBatch(ids.flatten(), positions.flatten(), mask, dst.flatten(), R, W, None)
+    reach = torch.where(live & (w < width), depths, -1)
     return StaticBatch(batch, src.flatten(), torch.where(live[:, 0], offsets, trash), lengths, depths.flatten(),
-                       inputs.anc, torch.where(live[:, 0], lengths + width, 1))
+                       reach.flatten(), inputs.anc, torch.where(live[:, 0], lengths + width, 1))
 
 
 class StaticSteps:
@@ -222,7 +225,7 @@ class StaticSteps:
                 paths = tree_attention.ancestor_paths(sb.anc, sb.depths.view(R, W)).flatten(0, 1)
 
                 def attend(i, q, keys, values, batch):
-                    return tree_attention.attend(q, keys, values, sb.offsets, sb.lengths, sb.depths, paths, sb.walk,
+                    return tree_attention.attend(q, keys, values, sb.offsets, sb.lengths, sb.reach, paths, sb.walk,
                                                  R, W, step.scale)
 
                 return step.forward(sb.batch, pools, attend, exact)

@@ -81,7 +81,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
            scale: float) -> torch.Tensor:
     """q [rows * width, heads, dim] (row-major tokens); keys/values the pool [slots, kv_heads, dim]; per row
     `offsets`, `lengths` (its committed tokens), `kv_walk` (virtual positions to walk: length + the step's
-    width, or anything covering every query's last); per token `depths` [rows * width] and `paths`
+    width, or anything covering every query's last); per token `depths` [rows * width] (-1: it attends no tree
+    position, as padding must, since its path may point past what the row wrote) and `paths`
     [rows * width, width]. Returns [rows * width, heads, dim] in q's dtype."""
     T, H, D = q.shape
     assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride()

@@ -37,7 +37,7 @@ def run(q, pool_k, pool_v, rows):
     W = max(r[2] for r in rows)
     R = len(rows)
     anc = torch.zeros(R, W, W, dtype=torch.bool)
-    depths = torch.zeros(R, W, dtype=torch.long)
+    depths = torch.full((R, W), -1, dtype=torch.long)  # padding tokens attend no tree position
     for b, (_, _, width, parents) in enumerate(rows):
         anc[b] = torch.eye(W, dtype=torch.bool)
         anc[b, :width, :width] = torch.from_numpy(ancestor_matrix(parents))
