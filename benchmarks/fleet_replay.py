@@ -166,10 +166,17 @@ class Midrun:
     newcomer: float  # tokens a step over the newcomer's first `first_n` requests
     survivor: float  # ... and the survivor's over the requests it finished in the same stretch
     survivor_requests: int
+    warm: float  # the newcomer's requests as the same fleet ran them with no replacement
 
     @property
     def ratio(self) -> float:
         return self.newcomer / self.survivor
+
+    @property
+    def matched(self) -> float:
+        """The newcomer against warm replicas on the same requests: what its start costs, apart from which
+        passages it happened to take."""
+        return self.newcomer / self.warm
 
 
 def midrun(rows: list[dict], table: StepTable, warm_calibration: bool, clients: int = 4, lag: int = 2,
@@ -186,7 +193,9 @@ def midrun(rows: list[dict], table: StepTable, warm_calibration: bool, clients: 
     new = [f for f in after if f.replica == 2][:first_n]
     last = after.index(new[-1])
     surv = [f for f in after[: last + 1] if f.replica == 1]
-    return Midrun(rate(new), rate(surv), len(surv))
+    mine = {f.request for f in new}
+    warm = [f for f in replay(rows, "affinity", True, table, clients, lag, la).done if f.request in mine]
+    return Midrun(rate(new), rate(surv), len(surv), rate(warm))
 
 
 def repeated(rows: list[dict], repeats: int) -> list[dict]:
@@ -245,13 +254,14 @@ def main(argv=None) -> int:
             f = replay(rows, routing, shared, table, args.clients, args.lag)
             base = base or f.tokens_per_step
             print(f"| {name} | {arm} | {f.tokens_per_step:.3f} | {f.tokens_per_step / base - 1:+.1%} |")
-    print("\n| workload | newcomer's calibration | newcomer's first 20 | survivor, same stretch (requests) | ratio |")
-    print("|---|---|---|---|---|")
+    print("\n| workload | newcomer's calibration | newcomer's first 20 | survivor, same stretch (requests) | ratio | "
+          "the same 20, no replacement | matched ratio |")
+    print("|---|---|---|---|---|---|---|")
     for name, rows in recorded.items():
         for warm in (False, True):
             m = midrun(repeated(rows, args.repeats), table, warm, args.clients, args.lag)
             print(f"| {name} | {'the survivor' if warm else 'cold'} | {m.newcomer:.3f} | {m.survivor:.3f} "
-                  f"({m.survivor_requests}) | {m.ratio:.3f} |")
+                  f"({m.survivor_requests}) | {m.ratio:.3f} | {m.warm:.3f} | {m.matched:.3f} |")
     return 0
 
 

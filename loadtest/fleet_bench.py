@@ -15,7 +15,10 @@ on the same Ray cluster:
   quarter of the requests are answered; sending pauses until Serve's replacement answers (its model load; the
   fault tests cover requests in flight), then the rest goes to the survivor and the newcomer, which joins the
   fleet memory. The newcomer's tokens a step over its first 20 requests are set against the survivor's over the
-  same stretch.
+  same stretch;
+- `midrun_warm` (with `--midrun`): the same workload with no replacement, so the newcomer's first 20 requests are
+  also set against the same requests run by warm replicas (`midrun_matched`: which passages the newcomer took
+  moves the survivor ratio by more than its cold start does).
 
 Per arm: TTFT p50 and p90 (first content chunk), tokens a step (completion tokens / decode steps, summed),
 tok/s (completion tokens / the arm's wall time), and whether every output equals the other arm's. Writes
@@ -36,6 +39,7 @@ import requests
 from loadtest.prompt_sets import prompt_path, read_prompts
 
 MODEL = "smollm2"
+FIRST_N = 20  # the newcomer's first requests, over which its tokens a step are taken
 
 
 def workload(docs: int, questions: int, offset: int, repeats: int = 1) -> list[dict]:
@@ -62,7 +66,7 @@ def app_args(routing: str, shared: bool, max_tokens: int) -> dict:
 
 def one_request(base: str, row: dict, max_tokens: int) -> dict:
     t0 = time.perf_counter()
-    first, text, la, usage = None, [], {}, {}
+    first, text, la, usage, rid = None, [], {}, {}, None
     body = {"model": MODEL, "messages": [{"role": "user", "content": row["prompt"]}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     with requests.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=600) as r:
@@ -71,6 +75,7 @@ def one_request(base: str, row: dict, max_tokens: int) -> dict:
             if not line.startswith(b"data: {"):
                 continue
             chunk = json.loads(line[6:])
+            rid = chunk.get("id", rid)
             la = chunk.get("lookahead") or la
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices", []):
@@ -78,7 +83,7 @@ def one_request(base: str, row: dict, max_tokens: int) -> dict:
                 if piece and first is None:
                     first = time.perf_counter() - t0
                 text.append(piece)
-    return {"id": row["id"], "text": "".join(text), "ttft_s": first, "total_s": time.perf_counter() - t0,
+    return {"id": row["id"], "request_id": rid, "text": "".join(text), "ttft_s": first, "total_s": time.perf_counter() - t0,
             "tokens": usage.get("completion_tokens", 0), "steps": la.get("steps", 0)}
 
 
@@ -88,6 +93,14 @@ def replica_loads(handle) -> dict[str, dict]:
     for _ in range(4):
         out.update({ld.actor: {"completed": ld.completed, "new_tokens": ld.new_tokens, "steps": ld.steps}
                     for ld in [c.result() for c in [handle.replica_load.remote() for _ in range(4)]]})
+    return out
+
+
+def replica_served(handle) -> dict[str, list[str]]:
+    """The request ids each replica finished lately, oldest first, by actor name."""
+    out = {}
+    for _ in range(4):
+        out.update(dict(c.result() for c in [handle.served.remote() for _ in range(4)]))
     return out
 
 
@@ -153,10 +166,25 @@ def run_arm(base: str, name: str, rows: list[dict], clients: int, max_tokens: in
            "ttft_p90_s": round(ttfts[int(0.9 * (len(ttfts) - 1))], 3), "records": records}
     if midrun:
         out["midrun"] = midrun_figures(samples + [(time.perf_counter(), replica_loads(handle))], midrun)
+        mine = set(replica_served(handle).get(midrun["new"], [])[:FIRST_N])
+        out["midrun"]["new_replica_rows"] = [i for i, r in enumerate(records) if r["request_id"] in mine]
     return out
 
 
-def midrun_figures(samples, midrun: dict, first_n: int = 20) -> dict:
+def matched(midrun: dict, warm: dict) -> dict:
+    """The newcomer's first requests against the same requests (by place in the workload) in `warm`, the same
+    workload run with no replacement: what its start costs, apart from which passages it happened to take."""
+    rows = midrun["midrun"]["new_replica_rows"]
+    new = [midrun["records"][i] for i in rows]
+    ref = [warm["records"][i] for i in rows]
+    new_rate = sum(r["tokens"] for r in new) / max(sum(r["steps"] for r in new), 1)
+    ref_rate = sum(r["tokens"] for r in ref) / max(sum(r["steps"] for r in ref), 1)
+    return {"requests": len(rows), "new_tokens_per_step": round(new_rate, 3),
+            "warm_tokens_per_step_same_requests": round(ref_rate, 3),
+            "ratio": round(new_rate / ref_rate, 3) if ref_rate else None}
+
+
+def midrun_figures(samples, midrun: dict, first_n: int = FIRST_N) -> dict:
     """The new replica's tokens a step over its first `first_n` requests, and the survivor's over the same stretch
     (from the moment the new one answered to the first sample where it had completed `first_n`)."""
     new, survivor, start = midrun["new"], midrun["survivor"], midrun["start"][midrun["survivor"]]
@@ -199,6 +227,7 @@ def main(argv=None) -> int:
     if args.midrun:
         more = workload(2 * args.docs, args.questions, args.offset + args.docs, args.repeats)
         arms.append(("midrun", "prefix_affinity", True, more, len(more) // 4))
+        arms.append(("midrun_warm", "prefix_affinity", True, more, None))
     results = []
     try:
         for name, routing, shared, arm_rows, kill_after in arms:
@@ -221,6 +250,10 @@ def main(argv=None) -> int:
                "ttft_p50_reduction": round(1 - b["ttft_p50_s"] / a["ttft_p50_s"], 3),
                "tokens_per_step_gain": round(b["tokens_per_step"] / a["tokens_per_step"] - 1, 3),
                "tok_s_ratio": round(b["tok_s"] / a["tok_s"], 3)}
+    if args.midrun:
+        summary["midrun_matched"] = matched(results[2], results[3])
+        summary["midrun_identical_outputs"] = \
+            f"{sum(x['text'] == y['text'] for x, y in zip(results[2]['records'], results[3]['records']))}/{len(more)}"
     (out / "fleet.json").write_text(json.dumps(summary, indent=1))
     print("| arm | TTFT p50 s | TTFT p90 s | tokens/step | tok/s |\n|---|---|---|---|---|")
     for r in results:
@@ -230,6 +263,8 @@ def main(argv=None) -> int:
     for r in results:
         if "midrun" in r:
             print(f"midrun: {r['midrun']}")
+    if args.midrun:
+        print(f"midrun, matched: {summary['midrun_matched']}")
     return 0
 
 

@@ -291,6 +291,11 @@ class ModelReplica:
         return ReplicaLoad(ctx.get_actor_name(), ctx.get_node_id(), self.engine.active_requests, self.completed,
                            self.completed_tokens, self.completed_steps)
 
+    async def served(self) -> tuple[str, list[str]]:
+        """This replica's actor name and the ids of the requests it finished lately (up to RECENT), oldest first:
+        which replica ran what, for benches and placement checks."""
+        return ray.get_runtime_context().get_actor_name(), list(self.recent)
+
     async def finish_reason(self, request_id: str) -> str | None:
         """How a recent request ended ("stop", "length", "cancelled", "error"), if this replica ran it."""
         return self.recent.get(request_id)

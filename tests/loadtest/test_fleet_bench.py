@@ -3,7 +3,7 @@ tokens a step are set against the survivor's over the same stretch, not the surv
 
 import pytest
 
-from loadtest.fleet_bench import midrun_figures, workload
+from loadtest.fleet_bench import matched, midrun_figures, workload
 from loadtest.prompt_sets import prompt_path, read_prompts
 
 
@@ -55,3 +55,16 @@ def test_workload_repeats_each_round_of_questions():
     assert [by_id[r["id"]]["passage_id"] for r in rows] == [0, 1, 0, 1, 0, 1, 0, 1]
     assert [r["id"] for r in rows[:4]] == [rows[0]["id"], rows[1]["id"]] * 2
     assert rows[4]["id"] != rows[0]["id"]
+
+
+def test_matched_figure_sets_the_newcomers_requests_against_the_same_requests_warm():
+    # Rows 1 and 3 went to the newcomer; the warm run took other steps on the same rows, and rows 0 and 2 differ
+    # wildly (the passages the newcomer did not take) without moving the figure.
+    rec = lambda tokens, steps: {"tokens": tokens, "steps": steps}  # noqa: E731
+    midrun = {"midrun": {"new_replica_rows": [1, 3]}, "records": [rec(48, 10), rec(40, 30), rec(48, 48), rec(20, 10)]}
+    warm = {"records": [rec(48, 48), rec(40, 20), rec(48, 8), rec(20, 10)]}
+    fig = matched(midrun, warm)
+    assert fig["requests"] == 2
+    assert fig["new_tokens_per_step"] == pytest.approx(60 / 40, abs=1e-3)
+    assert fig["warm_tokens_per_step_same_requests"] == pytest.approx(60 / 30, abs=1e-3)
+    assert fig["ratio"] == pytest.approx(0.75, abs=1e-3)

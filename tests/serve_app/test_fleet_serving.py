@@ -89,13 +89,25 @@ def complete(base: str, prompt: str, max_tokens: int = 48) -> dict:
     return r.json()
 
 
+def replica_served() -> dict[str, set[str]]:
+    """The request ids each replica finished lately, by replica actor name."""
+    out: dict[str, set[str]] = {}
+    for _ in range(10):
+        out.update({actor: set(ids) for actor, ids in [c.result() for c in [handle().served.remote()
+                                                                           for _ in range(6)]]})
+        if len(out) >= 2:
+            break
+    return out
+
+
 def test_a_shared_prefix_sticks_to_one_replica_until_it_is_busy(fleet):
     before = replica_completed()
-    for q in QUESTIONS:
-        complete(fleet, DOC + q, max_tokens=4)
+    ids = {complete(fleet, DOC + q, max_tokens=4)["id"] for q in QUESTIONS}
     after = replica_completed()
     gained = sorted(after[a] - before.get(a, 0) for a in after)
     assert gained == [0, len(QUESTIONS)], (before, after)  # balanced: every one on the replica with the prefix
+    served = replica_served()
+    assert sorted(len(ids & s) for s in served.values()) == [0, len(QUESTIONS)], served  # by id, the same
     # Held streams with the same prefix: the replica with it runs them until it holds routing_imbalance more than
     # the other, then power of two choices sends the rest to the other.
     hold = {"model": MODEL, "prompt": DOC + "Tell me everything.", "max_tokens": 60000, "temperature": 0,
