@@ -11,7 +11,12 @@ and nothing else:
 - `pow2_local`: each request to the replica with fewer running (ties alternate), each memory its own;
 - `affinity_fleet`: each passage's requests to the replica that took its first (while that one runs no more
   than one request more than the other, as the prefix-affinity router's balance check), and every finished
-  output reaches the other replica's memory `--lag` finished requests later (the sync period, in requests).
+  output reaches the other replica's memory `--lag` finished requests later (the sync period, in requests);
+- `affinity_local` and `pow2_fleet`: one of the two changes alone.
+
+The midrun replay (the bench's `midrun` arm) replaces replica 0 once a quarter of the requests are answered by a
+newcomer holding the fleet memory's snapshot, and sets its first 20 requests against the survivor's same stretch
+and against the same requests run with no replacement (the matched figure).
 
 Both replicas step in lockstep, `--clients` requests in flight in all. Tokens a step are completion tokens over
 the decode steps of every request, summed (what the bench reports).
