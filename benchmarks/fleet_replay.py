@@ -39,18 +39,17 @@ from pathlib import Path
 
 from lookahead.config import LookaheadConfig
 from lookahead.core.calibration import CalibrationTable
-from lookahead.core.planner import break_even, plan_step
 from lookahead.core.step_table import StepTable
 from lookahead.core.trie import TokenTrie
-from lookahead.core.verify import accept
 from lookahead.engine.sequence import Sequence, StopCriteria
 from lookahead.model.sampling import SamplingParams
 
-from .plan_replay import table_of
+from .plan_replay import replay_step, table_of
 
 RECORDED = Path(__file__).with_name("greedy_fleet_smollm2.json")
 WORKLOADS = {"first8": (8, 0), "next16": (16, 8)}  # name: (passages, first passage), 5 questions each
 QUESTIONS, NEW_TOKENS = 5, 48
+MAX_TOKENS_PER_STEP = 256  # the server's default `batching.max_tokens_per_step`, as plan_replay's
 
 
 @dataclass
@@ -87,7 +86,8 @@ class Fleet:
     """Two replicas stepping in lockstep, `clients` requests in flight in all."""
 
     def __init__(self, routing: str, shared: bool, table: StepTable, clients: int, lag: int, la: LookaheadConfig):
-        self.routing, self.shared, self.table, self.clients, self.lag, self.la = routing, shared, table, clients, lag, la
+        self.routing, self.shared, self.table = routing, shared, table
+        self.clients, self.lag, self.la = clients, lag, la
         self.reps = [self.fresh(0), self.fresh(1)]
         self.home: dict[int, int] = {}  # passage: index in reps of the replica that took its first question
         self.pending: deque = deque()  # (due finish count, Replica, output tokens)
@@ -123,24 +123,16 @@ class Fleet:
         self.reps[k].running.append((seq, list(row["out"]), i))
 
     def step(self, k: int, rep: Replica) -> None:
-        floor = break_even(self.table, len(rep.running), 256)
-        trees = [seq.propose(rep.memory, floor) for seq, _, _ in rep.running]
-        plan = plan_step([seq.candidates(t, rep.calibration, floor) for (seq, _, _), t in zip(rep.running, trees)],
-                         self.table, 256, ragged=True, margin=self.table.error)
-        still = []
-        for (seq, truth, i), tree, c in zip(rep.running, trees, plan.counts):
-            tree, done = tree.truncated(c), len(seq.tokens)
-            acc = accept(tree, lambda row, path: truth[done + len(path)] if done + len(path) < len(truth) else -1)
-            seq.advance(tree, acc, rep.calibration)
+        replay_step([(seq, truth) for seq, truth, _ in rep.running], rep.memory, rep.calibration, self.table,
+                    MAX_TOKENS_PER_STEP)
+        for seq, _, i in rep.running:
             if not seq.finished:
-                still.append((seq, truth, i))
                 continue
-            seq.close(rep.memory, seq.finish_reason)
             self.figures.done.append(Finished(i, rep.name, len(seq.tokens), seq.stats.steps))
             if self.shared:
                 self.fleet_outputs.append(list(seq.tokens))
                 self.pending.append((len(self.figures.done) + self.lag, self.reps[1 - k], list(seq.tokens)))
-        rep.running = still
+        rep.running = [r for r in rep.running if not r[0].finished]
 
     def replace(self, k: int, warm_calibration: bool, snapshot: bool = True) -> Replica:
         """Replica `k` (idle) gives way to a newcomer that pulls the fleet memory's snapshot (unless not
@@ -185,9 +177,11 @@ class Midrun:
 
 
 def midrun(rows: list[dict], table: StepTable, warm_calibration: bool, clients: int = 4, lag: int = 2,
-           first_n: int = 20, la: LookaheadConfig | None = None, snapshot: bool = True) -> Midrun:
+           first_n: int = 20, la: LookaheadConfig | None = None, snapshot: bool = True,
+           warm_run: ArmFigures | None = None) -> Midrun:
     """The bench's `midrun` arm: prefix affinity and the fleet memory, replica 0 replaced once a quarter of the
-    requests are answered (sending pauses meanwhile, as in the bench)."""
+    requests are answered (sending pauses meanwhile, as in the bench). `warm_run`: the same rows replayed with
+    no replacement (`replay(rows, "affinity", True, ...)`), if the caller has it already."""
     fleet = Fleet("affinity", True, table, clients, lag, la or LookaheadConfig())
     cut = len(rows) // 4
     fleet.run(list(enumerate(rows))[:cut])
@@ -199,7 +193,8 @@ def midrun(rows: list[dict], table: StepTable, warm_calibration: bool, clients: 
     last = after.index(new[-1])
     surv = [f for f in after[: last + 1] if f.replica == 1]
     mine = {f.request for f in new}
-    warm = [f for f in replay(rows, "affinity", True, table, clients, lag, la).done if f.request in mine]
+    warm_run = warm_run or replay(rows, "affinity", True, table, clients, lag, la)
+    warm = [f for f in warm_run.done if f.request in mine]
     return Midrun(rate(new), rate(surv), len(surv), rate(warm))
 
 
@@ -252,11 +247,12 @@ def main(argv=None) -> int:
     table = table_of(args.table)
     print("| workload | arm | tokens/step | vs pow2, own memory |")
     print("|---|---|---|---|")
+    warm_runs = {}  # workload: its affinity_fleet replay, the midrun's reference
     for name, rows in recorded.items():
         rows, base = repeated(rows, args.repeats), None
         for arm, routing, shared in (("pow2_local", "pow2", False), ("affinity_local", "affinity", False),
                                      ("pow2_fleet", "pow2", True), ("affinity_fleet", "affinity", True)):
-            f = replay(rows, routing, shared, table, args.clients, args.lag)
+            f = warm_runs[name] = replay(rows, routing, shared, table, args.clients, args.lag)
             base = base or f.tokens_per_step
             print(f"| {name} | {arm} | {f.tokens_per_step:.3f} | {f.tokens_per_step / base - 1:+.1%} |")
     print("\n| workload | newcomer's calibration | newcomer's first 20 | survivor, same stretch (requests) | ratio | "
@@ -264,7 +260,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for name, rows in recorded.items():
         for warm in (False, True):
-            m = midrun(repeated(rows, args.repeats), table, warm, args.clients, args.lag)
+            m = midrun(repeated(rows, args.repeats), table, warm, args.clients, args.lag, warm_run=warm_runs[name])
             print(f"| {name} | {'the survivor' if warm else 'cold'} | {m.newcomer:.3f} | {m.survivor:.3f} "
                   f"({m.survivor_requests}) | {m.ratio:.3f} | {m.warm:.3f} | {m.matched:.3f} |")
     return 0

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from lookahead.core.calibration import CalibrationTable
 from lookahead.config import LookaheadConfig
-from lookahead.core.planner import break_even, plan_step
+from lookahead.core.planner import StepPlan, break_even, plan_step
 from lookahead.model.sampling import SamplingParams
 from lookahead.engine.sequence import Sequence, StopCriteria
 from lookahead.core.step_table import StepTable
@@ -75,6 +75,32 @@ class Replay:
         return self.off_ms / self.on_ms
 
 
+@dataclass
+class ReplayStep:
+    plan: StepPlan
+    built: int  # draft tokens proposed, before the plan cut them
+    emitted: int  # tokens the rows emitted
+
+
+def replay_step(running: list[tuple[Sequence, list[int]]], memory: TokenTrie, calibration: CalibrationTable,
+                table: StepTable, max_tokens: int, prune: bool = True) -> ReplayStep:
+    """One step of the running rows ((request, its recorded output)) as the engine plans it: propose from the
+    request's index and `memory`, plan against `table`, accept what the recording confirms, advance. A row
+    that finishes is closed into `memory`."""
+    floor = break_even(table, len(running), max_tokens) if prune else 0.0
+    trees = [seq.propose(memory, floor) for seq, _ in running]
+    plan = plan_step([seq.candidates(t, calibration, floor) for (seq, _), t in zip(running, trees)],
+                     table, max_tokens, ragged=True, margin=table.error)
+    emitted = 0
+    for (seq, truth), tree, k in zip(running, trees, plan.counts):
+        tree, done = tree.truncated(k), len(seq.tokens)
+        acc = accept(tree, lambda row, path: truth[done + len(path)] if done + len(path) < len(truth) else -1)
+        emitted += len(seq.advance(tree, acc, calibration))
+        if seq.finished:
+            seq.close(memory, seq.finish_reason)
+    return ReplayStep(plan, sum(t.num_drafts for t in trees), emitted)
+
+
 def replay(records: list[dict], concurrency: int, table: StepTable, max_tokens: int = 256,
            prune: bool = True, la: LookaheadConfig | None = None) -> Replay:
     """Continuous batching of `concurrency` rows over `records` ({prompt_ids, out}), on and off."""
@@ -90,27 +116,15 @@ def replay(records: list[dict], concurrency: int, table: StepTable, max_tokens: 
             r = waiting.popleft()
             running.append((Sequence(list(r["prompt_ids"]), StopCriteria(len(r["out"])), SamplingParams(), la),
                             list(r["out"])))
-        n = len(running)
-        floor = break_even(table, n, max_tokens) if prune else 0.0
-        trees = [seq.propose(memory, floor) for seq, _ in running]
-        out.built += sum(t.num_drafts for t in trees)
-        plan = plan_step([seq.candidates(t, calibration, floor) for (seq, _), t in zip(running, trees)],
-                         table, max_tokens, ragged=True, margin=table.error)
-        out.plans.append(tuple(plan.counts))
-        out.on_ms += plan.ms
+        st = replay_step(running, memory, calibration, table, max_tokens, prune)
+        out.built += st.built
+        out.plans.append(tuple(st.plan.counts))
+        out.on_ms += st.plan.ms
         out.steps += 1
-        out.row_steps += n
-        out.drafts += plan.inflight
-        still = []
-        for (seq, truth), tree, k in zip(running, trees, plan.counts):
-            tree, done = tree.truncated(k), len(seq.tokens)
-            acc = accept(tree, lambda row, path: truth[done + len(path)] if done + len(path) < len(truth) else -1)
-            out.tokens += len(seq.advance(tree, acc, calibration))
-            if seq.finished:
-                seq.close(memory, seq.finish_reason)
-            else:
-                still.append((seq, truth))
-        running = still
+        out.row_steps += len(running)
+        out.drafts += st.plan.inflight
+        out.tokens += st.emitted
+        running = [(seq, truth) for seq, truth in running if not seq.finished]
     while plain_waiting or plain_rows:
         while plain_waiting and len(plain_rows) < concurrency:
             plain_rows.append(plain_waiting.popleft())

@@ -83,7 +83,8 @@ def one_request(base: str, row: dict, max_tokens: int) -> dict:
                 if piece and first is None:
                     first = time.perf_counter() - t0
                 text.append(piece)
-    return {"id": row["id"], "request_id": rid, "text": "".join(text), "ttft_s": first, "total_s": time.perf_counter() - t0,
+    return {"id": row["id"], "request_id": rid, "text": "".join(text), "ttft_s": first,
+            "total_s": time.perf_counter() - t0,
             "tokens": usage.get("completion_tokens", 0), "steps": la.get("steps", 0)}
 
 
