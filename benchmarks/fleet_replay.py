@@ -231,7 +231,8 @@ def record(out: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--table", default="gpu", help="gpu | dear | a benchmarks.bench JSON (summary.step_table_ms)")
+    ap.add_argument("--table", default="gpu",
+                    help="gpu | dear | flat | a benchmarks.bench JSON (summary.step_table_ms)")
     ap.add_argument("--recorded", type=Path, default=RECORDED)
     ap.add_argument("--record", action="store_true", help="record the outputs into --recorded first")
     ap.add_argument("--clients", type=int, default=4)

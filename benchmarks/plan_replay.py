@@ -16,7 +16,9 @@ at a time, priced by the same table.
 
 `--table`: `gpu` (a roofline: 10 ms to read the weights, 0.05 ms a row of
 KV, 10/64 ms a token of compute), `dear` (every token costs a whole step),
-or a `benchmarks.bench` JSON whose summary has `step_table_ms`.
+`flat` (every step costs the same, whatever it verifies: PIA's fixed budget,
+`adaptive: false`), or a `benchmarks.bench` JSON whose summary has
+`step_table_ms`.
 
 A planning aid, not a benchmark: host work, prefill and the payoff check are
 left out, and the table does not learn. The speedup is only ever measured
@@ -49,10 +51,12 @@ def table_of(spec: str) -> StepTable:
         return StepTable.from_function(GRID_ROWS, GRID_DRAFTS, lambda _, r, d: max(10 + 0.05 * r, (r + d) * 10 / 64))
     if spec == "dear":
         return StepTable.from_function(GRID_ROWS, GRID_DRAFTS, lambda _, r, d: 10.0 * (r + d))
+    if spec == "flat":
+        return StepTable.flat()
     try:
         ms = json.loads(Path(spec).read_text())["summary"]["step_table_ms"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"--table {spec}: not 'gpu', 'dear' or a bench JSON with summary.step_table_ms ({e})")
+        sys.exit(f"--table {spec}: not 'gpu', 'dear', 'flat' or a bench JSON with summary.step_table_ms ({e})")
     rows = sorted({int(r) for grid in ms.values() for r in grid})
     drafts = sorted({int(d) for grid in ms.values() for per in grid.values() for d in per})
     return StepTable(tuple(rows), tuple(drafts),
@@ -135,7 +139,8 @@ def replay(records: list[dict], concurrency: int, table: StepTable, max_tokens: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--table", required=True, help="gpu | dear | a benchmarks.bench JSON (summary.step_table_ms)")
+    ap.add_argument("--table", required=True,
+                    help="gpu | dear | flat | a benchmarks.bench JSON (summary.step_table_ms)")
     ap.add_argument("--recorded", type=Path, default=RECORDED)
     ap.add_argument("--sets", default=None, help="comma-separated; default: every set recorded")
     ap.add_argument("--concurrency", default="1,4,16")

@@ -55,10 +55,16 @@ def workload(docs: int, questions: int, offset: int, repeats: int = 1) -> list[d
             for q in range(questions) for _ in range(repeats) for rows in chosen]
 
 
-def app_args(routing: str, shared: bool, max_tokens: int) -> dict:
+def app_args(routing: str, shared: bool, max_tokens: int, fixed_budget: int | None = None) -> dict:
+    """One arm's app: two SmolLM2 replicas; with `fixed_budget`, PIA's fixed draft budget (`adaptive: false`,
+    `decoding_length` that many) instead of drafts sized from the measured step costs, so that how many tokens a
+    step accepts depends on the drafts alone, not on how the machine timed its steps."""
+    lookahead = {"shared_memory": shared}
+    if fixed_budget is not None:
+        lookahead |= {"adaptive": False, "decoding_length": fixed_budget}
     return {"models": [{
         "name": MODEL, "model": "smollm2-135m-instruct", "dtype": "float32", "device": "cpu", "torch_threads": 1,
-        "routing": routing, "lookahead": {"shared_memory": shared},
+        "routing": routing, "lookahead": lookahead,
         "limits": {"max_prompt_tokens": 2048, "max_new_tokens": max_tokens, "default_max_tokens": max_tokens},
         "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "graceful_shutdown_timeout_s": 5},
     }]}
@@ -210,6 +216,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--midrun", action="store_true", help="also the arm whose replica is replaced mid-run")
+    p.add_argument("--fixed-budget", type=int, default=None, metavar="N",
+                   help="PIA's fixed budget of N draft tokens a step (adaptive off): tokens/step free of step timing")
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--out", default="results/fleet")
     args = p.parse_args(argv)
@@ -232,8 +240,8 @@ def main(argv=None) -> int:
     results = []
     try:
         for name, routing, shared, arm_rows, kill_after in arms:
-            serve.run(build_app(AppConfig.model_validate(app_args(routing, shared, args.max_tokens))),
-                      name=name, route_prefix=f"/{name}")
+            config = AppConfig.model_validate(app_args(routing, shared, args.max_tokens, args.fixed_budget))
+            serve.run(build_app(config), name=name, route_prefix=f"/{name}")
             base = f"{url}/{name}"
             one_request(base, {"id": "warm-up", "prompt": "Hi"}, 1)  # both replicas are up once serve.run returns
             print(f"{name}: {len(arm_rows)} requests, {args.clients} clients", flush=True)

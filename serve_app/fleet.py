@@ -13,7 +13,11 @@ configured node bound (`TokenTrie.merge` and `add_sequence` evict).
 The actor (`FleetMemory` under `ray.remote`) is detached, one per deployment
 and model (its name carries a hash of the memory tag), created by whichever
 replica comes first; a killed one is created again, empty, with a new epoch,
-by the next replica that syncs. Everything it receives and sends is data only:
+by the next replica that syncs, and seeded with the memory of the first replica
+that finds it so (every replica still holds what the fleet knew; a replica
+started after the restart gets it in the snapshot). Each sync pulls before it
+pushes, so a snapshot never holds this replica's own new outputs a second
+time. Everything it receives and sends is data only:
 batches of token ids and `trie_store`'s checksummed format, never a pickle of
 a trie.
 """
@@ -27,7 +31,7 @@ from typing import Protocol
 
 from lookahead.core.fleet_memory import FleetMemory, FleetUpdate, decode_batch, encode_batch
 from lookahead.core.trie import TokenTrie
-from lookahead.core.trie_store import loads
+from lookahead.core.trie_store import dumps, loads
 
 log = logging.getLogger("ray.serve")
 
@@ -41,6 +45,8 @@ class FleetClient(Protocol):
     def push(self, tag: str, source: str, batch: bytes) -> int: ...
 
     def pull(self, tag: str, source: str, epoch: str | None, cursor: int) -> FleetUpdate: ...
+
+    def seed(self, tag: str, source: str, snapshot: bytes, batch: bytes) -> bool: ...
 
 
 def actor_identity(app: str, deployment: str, tag: str) -> tuple[str, str]:
@@ -89,6 +95,9 @@ class RayFleetClient:
     def pull(self, tag: str, source: str, epoch: str | None, cursor: int) -> FleetUpdate:
         return self._call("pull", tag, source, epoch, cursor)
 
+    def seed(self, tag: str, source: str, snapshot: bytes, batch: bytes) -> bool:
+        return self._call("seed", tag, source, snapshot, batch)
+
 
 @dataclass
 class FleetStatus:
@@ -105,6 +114,7 @@ class FleetStatus:
     applied_batches: int  # other replicas' batches merged here
     snapshots: int  # whole-memory snapshots merged here
     outbox: int  # outputs learnt here, not yet pushed
+    seeds: int  # restarted fleet memories this replica's memory seeded
 
 
 class FleetSync:
@@ -124,7 +134,7 @@ class FleetSync:
         self._thread: threading.Thread | None = None
         self._last_ok: float | None = None
         self.last_error: str | None = None
-        self.pushed_outputs = self.applied_batches = self.snapshots = 0
+        self.pushed_outputs = self.applied_batches = self.snapshots = self.seeds = 0
         engine.learn_listeners.append(self._learnt)
 
     def _learnt(self, tokens: list[int]) -> None:
@@ -136,7 +146,7 @@ class FleetSync:
 
     # ---- one sync --------------------------------------------------------
     def sync(self) -> bool:
-        """Push the outbox, pull and apply what is new; whether it all succeeded. Never raises: a failure is
+        """Pull and apply what is new, then push the outbox; whether it all succeeded. Never raises: a failure is
         logged, kept in `last_error`, and the outbox is kept for the next try."""
         with self._syncing:
             return self._sync()
@@ -144,15 +154,20 @@ class FleetSync:
     def _sync(self) -> bool:
         batch: list[list[int]] = []
         try:
-            if self.epoch is None:  # first the snapshot, so this replica's own outputs are not merged twice
-                self._apply(self.client.pull(self.tag, self.source, None, 0))
+            # Pull, then push: a snapshot (a first join, a restarted memory) then never holds this replica's
+            # new outputs, which its memory learnt when they finished; later deltas leave its own batches out.
+            update = self.client.pull(self.tag, self.source, self.epoch, self.cursor)
             with self._lock:
                 batch, self._outbox, self._outbox_tokens = self._outbox, [], 0
+            if self.epoch is not None and update.epoch != self.epoch and self.engine.decoder.memory.node_count:
+                self._seed(update.epoch, batch)
+                batch = []  # it went with the seed
+                update = self._rejoined(update.epoch)
+            self._apply(update)
             if batch:
                 self.client.push(self.tag, self.source, encode_batch(batch))
                 self.pushed_outputs += len(batch)
                 batch = []
-            self._apply(self.client.pull(self.tag, self.source, self.epoch, self.cursor))
         except Exception as e:  # noqa: BLE001 - the fleet memory is an optimisation; serving goes on without it
             if batch:
                 with self._lock:
@@ -168,6 +183,27 @@ class FleetSync:
         self.last_error = None
         self._last_ok = time.monotonic()
         return True
+
+    def _seed(self, epoch: str, batch: list[list[int]]) -> None:
+        """The fleet memory restarted (`epoch` is its new life, begun empty): offer this replica's memory as its
+        seed, with the outputs finished since the last sync (the memory holds them; the others get them)."""
+        memory = self.engine.decoder.memory
+        data = self.engine.call_between_steps(lambda: dumps(memory, self.tag)).result(timeout=CALL_TIMEOUT_S)
+        if self.client.seed(self.tag, self.source, data, encode_batch(batch) if batch else b""):
+            self.seeds += 1
+            log.info("fleet memory restarted (epoch %s); seeded it with this replica's %d nodes", epoch,
+                     memory.node_count)
+        self.pushed_outputs += len(batch)
+
+    def _rejoined(self, epoch: str) -> FleetUpdate:
+        """What to apply after seeding: only the batches the new life logged, never its snapshot. That holds this
+        replica's seed, or another replica's, which is largely what this one holds already, so merging it would
+        count the fleet's knowledge twice. If the log no longer reaches back to the restart, the new life is
+        joined as it stands; if it restarted once more meanwhile, the next sync seeds that one."""
+        update = self.client.pull(self.tag, self.source, epoch, 0)
+        if update.epoch != epoch:
+            return FleetUpdate(epoch, 0)
+        return FleetUpdate(epoch, update.version) if update.snapshot is not None else update
 
     def _apply(self, update: FleetUpdate) -> None:
         memory = self.engine.decoder.memory
@@ -217,10 +253,10 @@ class FleetSync:
         ago = None if self._last_ok is None else round(time.monotonic() - self._last_ok, 3)
         return FleetStatus(True, memory.node_count, memory.max_nodes or 0, self.cursor, self.epoch, ago,
                            self.last_error, self.pushed_outputs, self.applied_batches, self.snapshots,
-                           len(self._outbox))
+                           len(self._outbox), self.seeds)
 
 
 def local_status(engine) -> dict:
     """`FleetStatus` of a replica that shares nothing (lookahead.shared_memory off, or outside Serve)."""
     memory = engine.decoder.memory
-    return asdict(FleetStatus(False, memory.node_count, memory.max_nodes or 0, 0, None, None, None, 0, 0, 0, 0))
+    return asdict(FleetStatus(False, memory.node_count, memory.max_nodes or 0, 0, None, None, None, 0, 0, 0, 0, 0))

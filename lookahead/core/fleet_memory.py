@@ -17,6 +17,12 @@ Vocabulary:
   itself when its requests finished).
 - snapshot: the whole merged trie in `trie_store`'s checksummed format, for a
   replica whose cursor is older than the log of recent batches (a new one).
+- seed: a replica's whole memory, offered when it finds the fleet memory
+  restarted (a new epoch: a new life begins empty, while every replica still
+  holds what the fleet knew). The first seed of an epoch is merged and no
+  other: one replica's memory carries what they all shared, and a second
+  would count it twice. A seed is not logged, so no replica that holds it
+  gets it back as a delta; a new replica gets it in the snapshot.
 
 Bounds: the merged trie is bounded by node count like a replica's own; the log
 of recent batches by tokens. A replica that falls further behind than the log
@@ -30,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lookahead.core.trie import TokenTrie
-from lookahead.core.trie_store import dumps, from_le, to_le
+from lookahead.core.trie_store import dumps, from_le, loads, to_le
 
 BATCH_MAGIC = b"LABATCH1"
 
@@ -87,6 +93,7 @@ class FleetStats:
     log_batches: int  # recent batches held for deltas
     log_tokens: int
     sources: int  # replicas that have pushed in this epoch
+    seeded_by: str | None  # the replica whose memory seeded this epoch (after a restart); None: none has
 
 
 class FleetMemory:
@@ -102,6 +109,7 @@ class FleetMemory:
         self._log_tokens = 0
         self._sources: set[str] = set()
         self._snapshot: tuple[int, bytes] | None = None  # (version, bytes): one dump serves every new replica
+        self.seeded_by: str | None = None
 
     def _check(self, tag: str) -> None:
         if tag != self.tag:
@@ -110,9 +118,12 @@ class FleetMemory:
     def push(self, tag: str, source: str, batch: bytes) -> int:
         """Merge one replica's batch; returns the new version. A malformed batch raises and changes nothing."""
         self._check(tag)
-        sequences = decode_batch(batch, self.vocab_size)
-        for seq in sequences:
-            self.trie.add_sequence(seq)
+        return self._record(source, batch, decode_batch(batch, self.vocab_size))
+
+    def _record(self, source: str, batch: bytes, sequences: list[list[int]], merge: bool = True) -> int:
+        if merge:
+            for seq in sequences:
+                self.trie.add_sequence(seq)
         self.version += 1
         tokens = sum(len(s) for s in sequences)
         self._log.append((self.version, source, batch, tokens))
@@ -133,6 +144,26 @@ class FleetMemory:
             self._snapshot = (self.version, dumps(self.trie, self.tag))
         return FleetUpdate(self.epoch, self.version, snapshot=self._snapshot[1])
 
+    def seed(self, tag: str, source: str, snapshot: bytes, batch: bytes = b"") -> bool:
+        """A replica rejoining a restarted fleet memory: its whole memory (trie_store bytes) is merged if this
+        epoch has no seed yet, and whether it was is returned. Not logged, and the version stays: the replicas
+        that hold it never get it back, a new one gets it in the snapshot. `batch` (`encode_batch`) holds the
+        outputs the replica finished since its last sync, which its memory holds too: logged for the others as
+        a push is, but merged only if the seed is not (or they would count twice). Anything malformed or
+        foreign raises (TrieFileError, BatchError, ValueError) and changes nothing."""
+        self._check(tag)
+        sequences = decode_batch(batch, self.vocab_size) if batch else []
+        taken = self.seeded_by is None
+        if taken:
+            fresh = TokenTrie(self.trie.ngram_length, self.trie.stop_words)
+            loads(snapshot, fresh, self.tag, self.vocab_size, name=f"seed from {source}")
+            self.trie.merge(fresh)
+            self.seeded_by = source
+            self._snapshot = None  # the trie changed under the same version
+        if sequences:
+            self._record(source, batch, sequences, merge=not taken)
+        return taken
+
     def stats(self) -> FleetStats:
         return FleetStats(self.epoch, self.version, self.trie.node_count, self.trie.max_nodes or 0,
-                          len(self._log), self._log_tokens, len(self._sources))
+                          len(self._log), self._log_tokens, len(self._sources), self.seeded_by)

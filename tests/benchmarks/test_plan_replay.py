@@ -39,3 +39,10 @@ def test_nothing_is_drafted_where_every_token_costs_a_step(recorded):
         r = replay(recorded["narrativeqa"][:4], rows, table_of("dear"))
         assert r.drafts == 0 and r.ratio == pytest.approx(1.0)
         assert r.built <= 8 * r.row_steps  # past the shadow's rows nothing was built
+
+
+def test_the_flat_table_prices_every_step_alike_so_drafts_are_taken(recorded):
+    flat = table_of("flat")
+    assert flat("packed", 1, 0) == flat("packed", 16, 512)  # a step costs the same, whatever it verifies
+    r = replay(recorded["humaneval"][:4], 1, flat)
+    assert r.drafts > 0 and r.tokens / r.row_steps > 1

@@ -3,7 +3,7 @@ tokens a step are set against the survivor's over the same stretch, not the surv
 
 import pytest
 
-from loadtest.fleet_bench import matched, midrun_figures, workload
+from loadtest.fleet_bench import app_args, matched, midrun_figures, workload
 from loadtest.prompt_sets import prompt_path, read_prompts
 
 
@@ -68,3 +68,12 @@ def test_matched_figure_sets_the_newcomers_requests_against_the_same_requests_wa
     assert fig["new_tokens_per_step"] == pytest.approx(60 / 40, abs=1e-3)
     assert fig["warm_tokens_per_step_same_requests"] == pytest.approx(60 / 30, abs=1e-3)
     assert fig["ratio"] == pytest.approx(0.75, abs=1e-3)
+
+
+def test_app_args_validate_and_fix_the_budget_only_when_asked():
+    from serve_app.config import AppConfig
+
+    measured = AppConfig.model_validate(app_args("pow2", False, 48)).models[0]
+    fixed = AppConfig.model_validate(app_args("prefix_affinity", True, 48, fixed_budget=16)).models[0]
+    assert measured.lookahead.adaptive and not measured.lookahead.shared_memory and measured.routing == "pow2"
+    assert not fixed.lookahead.adaptive and fixed.lookahead.decoding_length == 16 and fixed.lookahead.shared_memory

@@ -49,6 +49,11 @@ class Flaky:
             raise ConnectionError("fleet memory actor died")
         return self.memory.pull(*args)
 
+    def seed(self, *args):
+        if self.down:
+            raise ConnectionError("fleet memory actor died")
+        return self.memory.seed(*args)
+
 
 def fleet_memory(**kw) -> FleetMemory:
     return FleetMemory(ngram_length=4, tag=TAG, max_nodes=kw.get("max_nodes", 10_000), vocab_size=100)
@@ -126,6 +131,39 @@ def test_a_restarted_fleet_memory_is_joined_again_from_its_snapshot():
     assert b.sync() and a.sync()
     assert a.epoch != old_epoch and a.cursor == 1
     assert a_engine.decoder.memory.find([5, 6, 7]) is not None
+
+
+def test_a_restarted_fleet_memory_is_seeded_by_the_first_replica_that_finds_it_and_nothing_counts_twice():
+    flaky = Flaky(fleet_memory())
+    a_engine, a = replica(flaky, "a")
+    b_engine, b = replica(flaky, "b")
+    for i in range(4):
+        a_engine.finish([i, i + 1, i + 2, i + 3])
+    assert a.sync() and b.sync()  # b holds what a learnt
+    learnt = counts(a_engine.decoder.memory)
+    assert counts(b_engine.decoder.memory) == learnt
+    flaky.memory = fleet_memory()  # killed and created again: empty, a new epoch
+    a_engine.finish([50, 51, 52, 53])  # finished before a finds the restart: in a's memory and its outbox
+    b_engine.finish([60, 61, 62, 63])
+    assert a.sync() and b.sync()
+    assert (a.status().seeds, b.status().seeds) == (1, 0)  # one seed: a second would count the fleet twice
+    assert flaky.memory.stats().seeded_by == "a"
+    assert counts(a_engine.decoder.memory)[(50,)] == 1  # a's own output, not back again through a snapshot
+    assert counts(b_engine.decoder.memory)[(50,)] == 1  # a's output reached b once, as a delta
+    assert all(counts(b_engine.decoder.memory)[k] == v for k, v in learnt.items())  # b's memory, not doubled
+    a.sync()
+    assert counts(a_engine.decoder.memory)[(60,)] == 1  # and b's reached a
+    c_engine, c = replica(flaky, "c")  # started after the restart: everything the fleet knew, and since
+    assert c.sync() and c.status().snapshots == 1
+    assert counts(c_engine.decoder.memory) == counts(a_engine.decoder.memory)
+
+
+def test_an_empty_replica_offers_no_seed_to_a_restarted_fleet_memory():
+    flaky = Flaky(fleet_memory())
+    a_engine, a = replica(flaky, "a")
+    a.sync()
+    flaky.memory = fleet_memory()
+    assert a.sync() and a.status().seeds == 0 and flaky.memory.stats().seeded_by is None
 
 
 def test_the_outbox_and_the_memory_stay_within_their_bounds():

@@ -5,7 +5,7 @@ memory actor.
 - Requests sharing a long prefix land on one replica while the load is balanced, and spread once it is not.
 - A replica that never served a prompt set drafts it, after another replica served it, with more tokens a step
   than the first (cold) pass; the tokens are the same.
-- Killing the fleet memory actor costs no request, and the replicas join its successor.
+- Killing the fleet memory actor costs no request, and the replicas join its successor and seed it once.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -167,5 +167,9 @@ def test_killing_the_fleet_memory_costs_no_request(fleet):
     # The replicas created its successor (empty, a new epoch) and sync with it again.
     assert wait_for(lambda: all(s["epoch"] not in (None, epoch) and s["last_error"] is None
                                 for s in replica_fleet_states().values()), 60), replica_fleet_states()
+    # The first replica to find it seeded it with its memory, and only that one: a replica started now starts warm.
+    assert sum(s["seeds"] for s in replica_fleet_states().values()) == 1, replica_fleet_states()
+    successor = ray.get(ray.get_actor(name, namespace=namespace).stats.remote())
+    assert successor.seeded_by is not None and successor.nodes > 0
     stats = requests.get(f"{fleet}/stats", timeout=30).json()["models"][MODEL]
     assert stats["output_memory"]["shared"] and stats["output_memory"]["version"] >= 0

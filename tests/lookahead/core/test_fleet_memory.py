@@ -5,7 +5,7 @@ import pytest
 
 from lookahead.core.fleet_memory import BatchError, FleetMemory, decode_batch, encode_batch
 from lookahead.core.trie import TokenTrie
-from lookahead.core.trie_store import loads
+from lookahead.core.trie_store import TrieFileError, dumps, loads
 
 TAG = "m|vocab=100"
 
@@ -93,3 +93,39 @@ def test_one_snapshot_is_dumped_per_version():
     assert fleet.pull(TAG, "y", None, 0).snapshot is first  # the same bytes, not a second dump
     fleet.push(TAG, "a", encode_batch([[4, 5, 6]]))
     assert fleet.pull(TAG, "z", None, 0).snapshot != first
+
+
+def _trie(*seqs) -> TokenTrie:
+    trie = TokenTrie(4)
+    for seq in seqs:
+        trie.add_sequence(seq)
+    return trie
+
+
+def test_the_first_seed_of_an_epoch_is_merged_unlogged_and_reaches_only_new_replicas():
+    fleet = memory()
+    epoch = fleet.pull(TAG, "b", None, 0).epoch
+    first = fleet.pull(TAG, "x", None, 0).snapshot
+    assert fleet.seed(TAG, "a", dumps(_trie([1, 2, 3, 4, 5]), TAG))
+    assert not fleet.seed(TAG, "b", dumps(_trie([7, 8, 9]), TAG))  # one seed an epoch
+    assert fleet.trie.find([2, 3, 4]) is not None and fleet.trie.find([7, 8, 9]) is None
+    assert fleet.version == 0 and fleet.stats().seeded_by == "a" and fleet.stats().log_batches == 0
+    assert fleet.pull(TAG, "b", epoch, 0).batches == ()  # replicas that hold it never get it back
+    fresh = fleet.pull(TAG, "c", None, 0).snapshot  # the same version, yet a new dump
+    assert fresh != first
+    back = TokenTrie(4)
+    loads(fresh, back, TAG, vocab_size=100)
+    assert back.find([2, 3, 4]) is not None
+
+
+def test_a_foreign_or_corrupt_seed_changes_nothing():
+    fleet = memory()
+    good = dumps(_trie([1, 2, 3, 4]), TAG)
+    with pytest.raises(ValueError, match="belongs to"):
+        fleet.seed("other-model|vocab=100", "a", good)
+    with pytest.raises(TrieFileError, match="belongs to"):
+        fleet.seed(TAG, "a", dumps(_trie([1, 2, 3, 4]), "other-model|vocab=100"))
+    with pytest.raises(TrieFileError, match="checksum"):
+        fleet.seed(TAG, "a", good[:-1] + bytes([good[-1] ^ 1]))
+    assert fleet.trie.node_count == 0 and fleet.stats().seeded_by is None
+    assert fleet.seed(TAG, "a", good)  # a bad offer does not use up the epoch's seed
