@@ -238,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--lag", type=int, default=2, help="finished requests before an output reaches the other")
     ap.add_argument("--repeats", type=int, default=1, help="send each round of questions this many times over")
+    ap.add_argument("--decoding-length", type=int, default=LookaheadConfig().decoding_length,
+                    help="most draft tokens a step (with --table flat: the fleet bench's --fixed-budget)")
     args = ap.parse_args(argv)
     if args.record:
         record(args.recorded)
@@ -245,7 +247,7 @@ def main(argv=None) -> int:
         recorded = json.loads(args.recorded.read_text())
     except (OSError, ValueError) as e:
         sys.exit(f"--recorded {args.recorded}: {e} (make it with --record)")
-    table = table_of(args.table)
+    table, la = table_of(args.table), LookaheadConfig(decoding_length=args.decoding_length)
     print("| workload | arm | tokens/step | vs pow2, own memory |")
     print("|---|---|---|---|")
     warm_runs = {}  # workload: its affinity_fleet replay, the midrun's reference
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
         rows, base = repeated(rows, args.repeats), None
         for arm, routing, shared in (("pow2_local", "pow2", False), ("affinity_local", "affinity", False),
                                      ("pow2_fleet", "pow2", True), ("affinity_fleet", "affinity", True)):
-            f = warm_runs[name] = replay(rows, routing, shared, table, args.clients, args.lag)
+            f = warm_runs[name] = replay(rows, routing, shared, table, args.clients, args.lag, la)
             base = base or f.tokens_per_step
             print(f"| {name} | {arm} | {f.tokens_per_step:.3f} | {f.tokens_per_step / base - 1:+.1%} |")
     print("\n| workload | newcomer's calibration | newcomer's first 20 | survivor, same stretch (requests) | ratio | "
@@ -261,7 +263,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for name, rows in recorded.items():
         for warm in (False, True):
-            m = midrun(repeated(rows, args.repeats), table, warm, args.clients, args.lag, warm_run=warm_runs[name])
+            m = midrun(repeated(rows, args.repeats), table, warm, args.clients, args.lag, la=la,
+                       warm_run=warm_runs[name])
             print(f"| {name} | {'the survivor' if warm else 'cold'} | {m.newcomer:.3f} | {m.survivor:.3f} "
                   f"({m.survivor_requests}) | {m.ratio:.3f} | {m.warm:.3f} | {m.matched:.3f} |")
     return 0

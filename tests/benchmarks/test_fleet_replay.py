@@ -67,3 +67,13 @@ def test_the_recorded_workloads_are_the_benchs():
     first8 = recorded["first8"]
     assert [r["passage"] for r in first8[:8]] == sorted({r["passage"] for r in first8})  # interleaved rounds
     assert all(1 <= len(r["out"]) <= 48 and r["prompt_ids"] for rows in recorded.values() for r in rows)
+
+
+def test_the_budget_bounds_the_drafts_a_flat_table_takes():
+    from lookahead.config import LookaheadConfig
+
+    rows = workload(2, 3, repeats=2)  # repeats: long drafts from the memory, where the budget binds
+    wide = replay(rows, "affinity", True, table_of("flat"), clients=1, lag=0, la=LookaheadConfig(decoding_length=64))
+    narrow = replay(rows, "affinity", True, table_of("flat"), clients=1, lag=0, la=LookaheadConfig(decoding_length=2))
+    assert narrow.tokens_per_step <= 3 + 1e-9  # at most 2 drafts and the model's own token a step
+    assert wide.tokens_per_step > narrow.tokens_per_step
