@@ -13,6 +13,8 @@ from lookahead.engine.scheduler import SchedulerConfig
 from lookahead.model import decoder_step
 from lookahead.model.runner import ModelRunner
 
+from tests.lookahead.model.recorded_graphs import RecordedCuda
+from tests.lookahead.model.test_static_step import torch_only_linears
 from tests.lookahead.tiny_models import tiny
 
 PROMPTS = [[1, 5, 9, 5, 9, 5, 9, 2, 7], [3, 4, 3, 4, 8, 8, 8, 1], list(range(10, 40)), [2, 9, 2, 9, 2, 9, 2]]
@@ -99,3 +101,22 @@ def test_a_decode_step_reads_the_device_back_at_most_twice(static, monkeypatch):
     print(f"\nhost reads in one decode step of 4 rows: {reads}")
     assert 1 <= len(reads) <= 2, reads  # the picks read back (the accepted tokens' source), nothing else
     assert not any(h._finished.is_set() and h.result().finish_reason == "error" for h in handles)
+
+
+@pytest.mark.parametrize("dtype, path", [(torch.float32, "float64"), (torch.bfloat16, "float64"),
+                                         (torch.bfloat16, "fixed_rows")], ids=["fp32", "bf16", "bf16-fixed-rows"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_engine_decodes_the_same_tokens_through_captured_steps(dtype, path, rows, monkeypatch):
+    # CUDA's path end to end: static steps captured and replayed (recorded_graphs.py's stand-in, a graph's
+    # semantics), every row drafting; the tokens equal those of the same engine's eager steps.
+    torch_only_linears(monkeypatch, path)
+    prompts = PROMPTS[:rows] if rows > 1 else PROMPTS[2:3]
+    theirs, _ = run(engine("qwen2", dtype, True, monkeypatch, rows), prompts, 40)
+    e = engine("qwen2", dtype, True, monkeypatch, rows, static=True)
+    cuda = RecordedCuda(monkeypatch)
+    e.runner.static.capture = True
+    ours, accepted = run(e, prompts, 40)
+    assert ours == theirs
+    assert accepted > 0, "no draft accepted: the trees went untested"
+    path = e.step_path()
+    assert path.graphs_captured == cuda.captures >= 1 and path.graph_replays == cuda.replays >= 10

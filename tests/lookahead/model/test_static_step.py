@@ -1,21 +1,33 @@
-"""The static-shape decode step (static_step.py) run eagerly on the CPU, as a CUDA graph replays it: the same
-logits as the eager decoder step (bitwise in bf16's exact arithmetic, within rounding in fp32) for 1 and 4
-rows with trees, every bucket axis padded; padding never touches a row's KV (only the trash slot); and
-the buffers are refilled per step, so one bucket serves steps of other trees, rows and contexts; and, over a
-stand-in for torch.cuda's graph API, a bucket is captured on its second use, replayed after, never during the
-KV budget's probe, and left eager (warned once) when its capture fails."""
+"""The static-shape decode step (static_step.py) run eagerly on the CPU: the same logits as the eager decoder
+step (bitwise in bf16's exact arithmetic, within rounding in fp32) for 1 and 4 rows with trees, every bucket
+axis padded; padding never touches a row's KV (only the trash slot); the buffers are refilled per step, so one
+bucket serves steps of other trees, rows and contexts.
 
-from contextlib import contextmanager, nullcontext
-from types import SimpleNamespace
+Captured, over a stand-in for torch.cuda's graph API with a graph's semantics (recorded_graphs.py: a capture
+records the dispatched ops with every Python value frozen, a replay runs them again over the same tensors): a
+bucket is captured on its second use and replayed after, never during the KV budget's probe, and left eager
+(warned once) when its capture fails; a replay gives, bit for bit, the logits and KV of the same step run
+afresh, in fp32, bf16 and bf16 through the GPU's fixed-row GEMMs; a host read inside the step function fails
+its capture."""
 
 import pytest
 import torch
 
 from lookahead.core.buckets import step_shape
 from lookahead.core.draft import DraftTree, chain
+from lookahead.model import exact_linear, fast_linear
 from lookahead.model.runner import ModelRunner
 from tests.lookahead.model.test_decoder_step import PROMPTS, TREES
+from tests.lookahead.model.recorded_graphs import RecordedCuda
 from tests.lookahead.tiny_models import tiny
+
+
+def torch_only_linears(monkeypatch, path: str) -> None:
+    """Exact linears through torch ops alone, so a recorded graph holds them (recorded_graphs.py): "float64", the
+    CPU's fallback, or "fixed_rows", the GPU's fixed-shape GEMMs. The native kernel calls C over raw pointers."""
+    monkeypatch.setattr(exact_linear, "kernel", lambda: None)
+    if path == "fixed_rows":
+        monkeypatch.setattr(fast_linear, "exact_path", lambda mod: fast_linear.FixedRowsLinear())
 
 
 def pair(family: str, dtype: torch.dtype) -> tuple[ModelRunner, ModelRunner]:
@@ -101,36 +113,10 @@ def test_one_bucket_serves_steps_of_other_trees_rows_and_contexts():
     assert not a_cache.captured  # the records hold the pool's addresses: they go with it
 
 
-class FakeCuda:
-    """torch.cuda's graph API as static_step calls it, on the CPU: a capture runs the step once (as a real capture's
-    warm-up does), a replay only counts. For the control flow around capture, not for what a graph computes."""
-
-    def __init__(self, monkeypatch, fail: bool = False) -> None:
-        self.replays, self.captures, self.fail = 0, 0, fail
-        stream = SimpleNamespace(wait_stream=lambda other: None)
-        fake = self
-
-        class Graph:
-            def replay(self):
-                fake.replays += 1
-
-        @contextmanager
-        def graph(g, pool=None, stream=None, capture_error_mode="global"):
-            assert pool is not None and capture_error_mode == "thread_local"
-            if fake.fail:
-                raise RuntimeError("operation not permitted when stream is capturing")
-            fake.captures += 1
-            yield
-
-        for name, value in (("CUDAGraph", Graph), ("graph", graph), ("Stream", lambda device: stream),
-                            ("current_stream", lambda device: stream), ("stream", lambda s: nullcontext()),
-                            ("graph_pool_handle", lambda: object())):
-            monkeypatch.setattr(torch.cuda, name, value)
-
-
 def test_a_bucket_is_captured_on_its_second_use_and_replayed_after(monkeypatch):
+    torch_only_linears(monkeypatch, "float64")
     static, eager = pair("qwen2", torch.bfloat16)
-    cuda = FakeCuda(monkeypatch)
+    cuda = RecordedCuda(monkeypatch)
     static.static.capture = True
     a_cache, b_cache = filled(static, PROMPTS[:2]), filled(eager, PROMPTS[:2])
     trees = TREES[:2]
@@ -147,7 +133,7 @@ def test_a_bucket_is_captured_on_its_second_use_and_replayed_after(monkeypatch):
 
 def test_the_activation_probe_never_captures_and_a_failed_capture_stays_eager(monkeypatch, caplog):
     static, eager = pair("qwen2", torch.bfloat16)
-    cuda = FakeCuda(monkeypatch, fail=True)
+    cuda = RecordedCuda(monkeypatch, fail=True)
     static.static.capture = True
     cache = filled(static, PROMPTS[:1])
     for _ in range(2):
@@ -162,3 +148,61 @@ def test_the_activation_probe_never_captures_and_a_failed_capture_stays_eager(mo
         assert torch.equal(got[0], want[0])  # the eager step's logits, every time
     warned = [r for r in caplog.records if "not captured as a CUDA graph" in r.getMessage()]
     assert len(warned) == 1 and cuda.replays == 0  # tried once, then that bucket stays eager
+
+
+@pytest.mark.parametrize("dtype, path", [(torch.float32, "float64"), (torch.bfloat16, "float64"),
+                                         (torch.bfloat16, "fixed_rows")], ids=["fp32", "bf16", "bf16-fixed-rows"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
+def test_a_replayed_graph_gives_the_logits_of_the_step_run_afresh(family, dtype, path, monkeypatch):
+    # A replay runs what the capture recorded, every Python value frozen (recorded_graphs.py): if the step
+    # function took anything from the data on the host, steps after the capture would come out wrong here.
+    torch_only_linears(monkeypatch, path)
+    static, eager = pair(family, dtype)
+    uncaptured = ModelRunner(tiny(family).to(dtype), static_step=True)
+    cuda = RecordedCuda(monkeypatch)
+    static.static.capture = True
+    prompts = [PROMPTS[0], PROMPTS[3], PROMPTS[1]]
+    caches = [filled(r, prompts) for r in (static, uncaptured, eager)]
+    # One bucket (3 rows in 4, width 4) over other trees, depths, contexts and widths; then a row leaves (2 in 2)
+    steps = [[TREES[0], TREES[1], TREES[2]], [TREES[0], TREES[1], TREES[2]], [chain([5, 6]), TREES[2], chain([1])],
+             [TREES[2], chain([3]), TREES[0]], [chain([4]), chain([4]), chain([4])],
+             [TREES[1], chain([2, 8, 8])], [chain([7]), TREES[0]]]
+    for i, trees in enumerate(steps):
+        if i == 5:
+            for c in caches:
+                c.release(1)
+        got, fresh, plain = (logits(r, c, trees) for r, c in zip((static, uncaptured, eager), caches))
+        for a, b, c in zip(got, fresh, plain):
+            assert torch.equal(a, b), f"step {i}: the replay differs from the same step run afresh"
+            assert a.argmax(-1).tolist() == c.argmax(-1).tolist()
+        keeps = [[0, 1] if len(t.tokens) > 1 else [0] for t in trees]
+        for c in caches:
+            c.commit(keeps)
+    # 3 rows at width 4 (steps 0-3) and 2 rows at width 4 (5-6), each captured on its second use and replayed
+    # from then on; step 4's width-1 bucket, used once, ran eagerly
+    assert cuda.captures == 2 and cuda.replays == 3 + 1 == static.static.replays
+    kept = [(off, n) for off, n in zip(caches[0].offsets, caches[0].lengths)]  # each row's committed KV
+    assert kept == list(zip(caches[1].offsets, caches[1].lengths))
+    for a, b in zip(caches[0].layers, caches[1].layers):  # the KV the replays wrote is the fresh steps'
+        for off, n in kept:
+            assert torch.equal(a.keys[off : off + n], b.keys[off : off + n])
+            assert torch.equal(a.values[off : off + n], b.values[off : off + n])
+    print(f"\nops a replay runs: {[len(g.ops) for g in cuda.graphs]}")
+
+
+@pytest.mark.parametrize("read", [lambda t: int(t[0]), lambda t: t.tolist()[0]], ids=["int", "tolist"])
+def test_a_host_read_in_the_step_function_fails_its_capture(read, monkeypatch, caplog):
+    # The stand-in refuses a host read inside a capture as CUDA does, so a step function that syncs would
+    # never be captured: this is the check the replay test relies on, shown to fire.
+    torch_only_linears(monkeypatch, "float64")
+    static, _ = pair("qwen2", torch.bfloat16)
+    cuda = RecordedCuda(monkeypatch)
+    static.static.capture = True
+    real = static.step.forward
+    monkeypatch.setattr(static.step, "forward", lambda batch, *a: real(batch, *a) if read(batch.ids) >= 0 else None)
+    cache = filled(static, PROMPTS[:1])
+    for _ in range(3):
+        logits(static, cache, TREES[:1])
+        cache.commit([[0]])
+    assert cuda.captures == 0 and cuda.replays == 0
+    assert any("not captured as a CUDA graph" in r.getMessage() for r in caplog.records)
