@@ -279,6 +279,7 @@ class ModelReplica:
         st = self.engine.memory_stats()
         self.metrics.set_memory(st)
         return {**asdict(st), "output_memory": await self.fleet_status(),
+                "output_learning": asdict(self.engine.backlog.stats),
                 "decode_step": asdict(self.engine.step_path())}
 
     # ---- requests ----------------------------------------------------------

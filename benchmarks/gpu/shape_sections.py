@@ -7,6 +7,7 @@ step, not the text.
 import time
 import warnings
 from collections import defaultdict
+from dataclasses import asdict
 
 import torch
 from torch.autograd import DeviceType
@@ -208,7 +209,9 @@ def load(rec: SectionRecord, sz: Sizes) -> None:
                 "host_ms_per_step": sum(host_ms) / len(host_ms) if host_ms and cuda else None,
                 "wall_ms_per_step": wall / steps if steps else None,
                 "syncs_per_step": sum(syncs) / len(syncs) if syncs and cuda else None,
-                "decode_steps_by_kind": dict(engine.decode_steps), "finished": sum(h.done for h in handles)})
+                "decode_steps_by_kind": dict(engine.decode_steps), "finished": sum(h.done for h in handles),
+                # finished outputs learnt into the memory in the forwards' shadow, and on the host's own time
+                "output_learning": asdict(engine.backlog.stats)})
             rec.save()
 
         save = Throttle(summary)

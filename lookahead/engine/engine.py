@@ -16,6 +16,10 @@ A step reads schedule -> plan -> forward -> accept -> commit:
 - commit: keep the accepted KV entries, stream the emitted tokens, time the
   whole step into the table. Finished requests leave at once and free their row.
 
+Their outputs go to the output memory through a backlog (`backlog.py`): on
+CUDA it is learnt between launching a step's forward and reading its tokens
+back, while the device is busy; on the CPU at once.
+
 Memory: the KV budget (`kv_memory.py`; from `kv_cache_gb`, or the device)
 is one pool (`batch_cache.py`). A request is admitted when its worst case
 fits what is free, and prefilled straight into its own range; the prefix
@@ -38,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass
 
+from lookahead.engine.backlog import LearnBacklog
 from lookahead.engine.generate import LookaheadDecoder
 from lookahead.model.batch_cache import BatchKVCache
 from lookahead.model.kv_cache import KVCache
@@ -182,6 +187,10 @@ class Engine:
         self.times = EngineTimes()  # where the steps' time went, by phase and by rows in the batch
         # Called on the engine thread with each output the memory learnt (the fleet memory's outbox, say).
         self.learn_listeners: list[Callable[[list[int]], None]] = []
+        # Finished outputs on their way into the memory: in the forward's shadow where the device runs queued
+        # work while the host goes on (CUDA), at once elsewhere; never more than a batch's worth behind.
+        self.backlog = LearnBacklog(decoder.memory, deferred=self.runner.clock.cuda,
+                                    max_outputs=config.max_batch_size)
 
     # ---- API -------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], *, loop: asyncio.AbstractEventLoop | None = None, **kwargs) -> RequestHandle:
@@ -223,6 +232,7 @@ class Engine:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if not self.alive:
             try:
+                self.backlog.drain()
                 fut.set_result(fn())
             except Exception as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
@@ -233,6 +243,8 @@ class Engine:
         return fut
 
     def _run_calls(self) -> None:
+        if self._calls:
+            self.backlog.drain()  # a call may read the memory (a save, a fleet seed): it sees every output
         while self._calls:
             with self._lock:
                 fn, fut = self._calls.popleft()
@@ -308,6 +320,7 @@ class Engine:
         self._intake()
         self._drop_cancelled()
         if self.scheduler.idle():
+            self.backlog.drain()
             return False
         try:
             self._prefill_step()
@@ -322,6 +335,8 @@ class Engine:
             else:
                 log.exception("engine step failed; failing the requests in flight")
                 self._fail(e, queued_too=False)
+        if self.scheduler.idle():  # the last request just left: nothing waits behind its output (a single stream)
+            self.backlog.drain()
         self.steps += 1
         return True
 
@@ -333,7 +348,7 @@ class Engine:
                 self.scheduler.add(h.seq)
 
     def _finish(self, seq: Sequence, reason: str = "cancelled") -> None:
-        if seq.close(self.decoder.memory, reason):
+        if seq.close(self.backlog, reason):
             for listen in self.learn_listeners:
                 listen(seq.tokens)
         h = self._handles.pop(id(seq), None)
@@ -437,6 +452,7 @@ class Engine:
         logits = self.runner.verify_batch(self.cache, trees, plan.width, ragged=self.ragged,
                                           split=plan.layout == "split")
         clock.stop()
+        self.backlog.run(clock.busy)  # the device runs the forward: learn finished outputs meanwhile
         picks = logits.picks([seq.sampling if seq.draws_on_device else None for seq in running])  # the one sync
         t2 = time.perf_counter()
         device_ms = clock.ms()

@@ -26,6 +26,7 @@ from lookahead.core.draft import DraftTree, build_tree, match, root_only
 from lookahead.core.planner import RowDrafts
 from lookahead.core.calibration import Calibration, CalibrationTable
 from lookahead.model.sampling import RowChooser, SamplingParams
+from lookahead.engine.backlog import LearnBacklog
 from lookahead.engine.stats import RequestStats
 from lookahead.core.ngram_index import NGramIndex
 from lookahead.core.trie import TokenTrie
@@ -218,8 +219,9 @@ class Sequence:
             walk = accept(tree, lambda row, path: actual[len(path)] if len(path) < len(actual) else None)
             self._learn(tree, len(walk.rows), calibration)
 
-    def close(self, memory: TokenTrie, reason: str = "cancelled") -> bool:
-        """End the request (if not ended) and hand its output to the shared memory; whether it did."""
+    def close(self, memory: TokenTrie | LearnBacklog, reason: str = "cancelled") -> bool:
+        """End the request (if not ended) and hand its output to the shared memory (or the engine's backlog in
+        front of it); whether it did."""
         if self.finish_reason is None:
             self.finish_reason = reason
         self.stats.total_s = time.perf_counter() - self.started_at

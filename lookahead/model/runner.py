@@ -112,6 +112,11 @@ class DeviceClock:
         if self._events is not None:
             self._events[1].record()
 
+    def busy(self) -> bool:
+        """Whether the device still runs the work queued before `stop` (a CUDA event's query, no sync); never
+        off CUDA, where the host ran the work as it queued it."""
+        return self._events is not None and not self._events[1].query()
+
     def ms(self) -> float | None:
         """Call after the sync that ends the step."""
         if self._events is None:

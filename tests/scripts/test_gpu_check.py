@@ -77,6 +77,8 @@ def test_timing_and_load_report_their_points(smoke):
     assert len(timed) == 2 * 2 * 2 and all(p["ms"] > 0 and p["table_ms"] > 0 for p in timed)
     d = smoke["D_load"]["result"]
     assert d["finished"] == d["requests"] and d["decode_steps"] > 0
+    learnt = d["output_learning"]  # the CPU runs work as it is queued: no shadow, every output learnt at once
+    assert learnt["in_shadow"] == 0 and learnt["at_once"] > 0 and learnt["pending"] == 0
 
 
 def test_the_memory_plan_admits_what_fits_and_no_more(smoke):

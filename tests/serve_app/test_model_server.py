@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
+from lookahead.engine.backlog import BacklogStats
 from lookahead.engine.engine import EngineStopped, MemoryStats
 from lookahead.model.runner import StepPath
 from lookahead.engine.sequence import Generation
@@ -145,6 +146,7 @@ class FakeEngine:
         self.replies: deque[Reply] = deque()  # what the next requests generate; then Reply()
         self.handles: list[FakeHandle] = []
         self.queued = 0  # requests held by others (to set the queue without running them)
+        self.backlog = SimpleNamespace(stats=BacklogStats(in_shadow=3, at_once=5))
 
     @property
     def active_requests(self) -> int:
@@ -548,7 +550,7 @@ def test_autoscaling_stats_report_the_engine_queue_and_the_metrics_thread_feeds_
     assert rep.metrics.memory.waiting == 5
     stats = asyncio.run(rep.kv_stats())
     assert stats == {**asdict(rep.engine.memory_stats()), "output_memory": asyncio.run(rep.fleet_status()),
-                     "decode_step": asdict(rep.engine.step_path())}
+                     "output_learning": asdict(rep.engine.backlog.stats), "decode_step": asdict(rep.engine.step_path())}
     assert stats["kv_used_bytes"] == 4096
     assert stats["output_memory"]["shared"] is False  # outside Serve there is no fleet to join
     assert asyncio.run(rep.queue_length()) == 5
