@@ -23,11 +23,14 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lookahead.core.ngram_index import NGramIndex, RangeNode
-from lookahead.core.trie import TokenTrie, TrieNode
+from lookahead.core.ngram_index import NGramIndex
+from lookahead.core.trie import TokenTrie
 
-# One trie node per source that has the path, with that source's weight.
-_Virtual = list[tuple[TrieNode | RangeNode, float]]
+# A node of the matched subtree, one entry per source that has its path: (source, the source's node, the
+# source's weight, its count x weight). The sources (TokenTrie, NGramIndex) answer `locate`, `has_children`,
+# `count_of` and `branch` for their own kind of node: an id, a RangeNode.
+_Entry = tuple[TokenTrie | NGramIndex, object, float, float]
+_Virtual = list[_Entry]
 PRIOR_COUNT = 1.0  # pseudo-count of "something unseen follows"
 
 
@@ -69,17 +72,17 @@ def chain(tokens: list[int]) -> DraftTree:
 
 
 def _count(v: _Virtual) -> float:
-    return sum(node.count * w for node, w in v)
+    return v[0][3] if len(v) == 1 else sum(e[3] for e in v)
 
 
 def _kids(v: _Virtual) -> dict[int, _Virtual]:
     if len(v) == 1:  # the common case, without the merge
-        node, w = v[0]
-        return {t: [(c, w)] for t, c in node.children.items()}
+        src, node, w, _ = v[0]
+        return src.branch(node, w)
     merged: dict[int, _Virtual] = {}
-    for node, w in v:
-        for t, c in node.children.items():
-            merged.setdefault(t, []).append((c, w))
+    for src, node, w, _ in v:
+        for t, entries in src.branch(node, w).items():
+            merged.setdefault(t, []).extend(entries)
     return merged
 
 
@@ -91,9 +94,9 @@ def match(sources: Sequence[tuple[TokenTrie | NGramIndex, float]], context: Sequ
         for trie, w in sources:
             if w <= 0:
                 continue
-            node = trie.find(key)
-            if node is not None and node.children:
-                found.append((node, w))
+            node = trie.locate(key)
+            if node is not None and trie.has_children(node):
+                found.append((trie, node, w, trie.count_of(node) * w))
         if found:
             return m, found
     return 0, []

@@ -101,6 +101,21 @@ class NGramIndex:
         self.seq, self.length = seq, new_len
         self._tails = None  # first token -> starts of cut-short n-grams: rebuilt by the next find
 
+    # draft.py's reads (the same as TokenTrie's, on this index's nodes)
+    def locate(self, key: Sequence[int]) -> RangeNode | None:
+        return self.find(key)
+
+    @staticmethod
+    def has_children(node: RangeNode) -> bool:
+        return bool(node.children)
+
+    @staticmethod
+    def count_of(node: RangeNode) -> int:
+        return node.count
+
+    def branch(self, node: RangeNode, weight: float) -> dict[int, list[tuple]]:
+        return {tok: [(self, c, weight, c.count * weight)] for tok, c in node.children.items()}
+
     def find(self, key: Sequence[int]) -> RangeNode | None:
         """The node of the path `key`: the n-grams that start with it, or None if none does."""
         key = list(key)

@@ -28,7 +28,7 @@ import tempfile
 from array import array
 from pathlib import Path
 
-from lookahead.core.trie import TokenTrie, TrieNode
+from lookahead.core.trie import ROOT, TokenTrie
 
 MAGIC = b"LATRIE\x00\x01"
 VERSION = 1
@@ -57,13 +57,14 @@ def from_le(typecode: str, data: bytes) -> array:
 def dumps(trie: TokenTrie, tag: str) -> bytes:
     """`trie` in the file format, as bytes (what `save` writes, and what the fleet memory sends)."""
     tokens, counts, kids = array("I"), array("d"), array("I")
-    stack: list[tuple[int, TrieNode]] = [(0, trie.root)]
+    stack: list[tuple[int, int]] = [(0, ROOT)]  # (token, node id)
     while stack:
         tok, node = stack.pop()
+        below = trie.kids_of(node)
         tokens.append(tok)
-        counts.append(node.count)
-        kids.append(len(node.children))
-        stack.extend(reversed(list(node.children.items())))  # preorder, children in insertion order
+        counts.append(trie.count_of(node))
+        kids.append(len(below))
+        stack.extend(reversed(list(below.items())))  # preorder, children in insertion order
     payload = to_le(tokens) + to_le(counts) + to_le(kids)
     header = json.dumps({"version": VERSION, "ngram_length": trie.ngram_length, "nodes": len(tokens) - 1,
                          "tag": tag, "sha256": hashlib.sha256(payload).hexdigest(),
@@ -127,16 +128,17 @@ def loads(data: bytes, into: TokenTrie, tag: str, vocab_size: int | None = None,
     tokens = from_le("I", payload[:4 * m])
     counts = from_le("d", payload[4 * m:12 * m])
     kids = from_le("I", payload[12 * m:])
-    root = _rebuild(tokens, counts, kids, ngram, vocab_size, name)
-    into.root, into.node_count = root, n
+    into.adopt(_rebuild(into, tokens, counts, kids, vocab_size, name))
     if into.max_nodes is not None and n > into.max_nodes:
         into.evict(int(into.max_nodes * into.low_water))
     return into.node_count
 
 
-def _rebuild(tokens: array, counts: array, kids: array, max_depth: int, vocab: int | None, path: str) -> TrieNode:
-    root = TrieNode()
-    stack: list[tuple[TrieNode, int, int]] = [(root, kids[0], 0)]  # node, children still to read, depth
+def _rebuild(like: TokenTrie, tokens: array, counts: array, kids: array, vocab: int | None, path: str) -> TokenTrie:
+    """A new trie of `like`'s kind with the nodes read (so a bad file leaves `like` as it was)."""
+    out = TokenTrie(like.ngram_length, like.stop_words)
+    max_depth = like.ngram_length
+    stack: list[tuple[int, int, int]] = [(ROOT, kids[0], 0)]  # node id, children still to read, depth
     i = 1
     while stack:
         node, left, depth = stack[-1]
@@ -153,12 +155,10 @@ def _rebuild(tokens: array, counts: array, kids: array, max_depth: int, vocab: i
             raise TrieFileError(f"{path}: node {i} has count {count}")
         if vocab is not None and tok >= vocab:
             raise TrieFileError(f"{path}: token {tok} is outside the vocabulary ({vocab})")
-        if tok in node.children:
+        if tok in out.kids_of(node):
             raise TrieFileError(f"{path}: token {tok} repeated under one parent")
-        child = node.children[tok] = TrieNode()
-        child.count = count
-        stack.append((child, kids[i], depth + 1))
+        stack.append((out.add_child(node, tok, count), kids[i], depth + 1))
         i += 1
     if i != len(tokens):
         raise TrieFileError(f"{path}: {len(tokens) - i} nodes are not reachable from the root")
-    return root
+    return out

@@ -15,7 +15,7 @@ def test_match_prefers_the_longest_suffix():
     t = trie_of([9, 1, 2, 3, 4], [7, 2, 5, 6, 8])
     m, matched = match([(t, 1.0)], [0, 1, 2], max_q=3, min_q=1)
     # "1 2" is continued by 3; "2" alone would also offer 5. The longer match wins.
-    assert m == 2 and set(matched[0][0].children) == {3}
+    assert m == 2 and set(t.kids_of(matched[0][1])) == {3}
 
 
 def test_match_returns_nothing_below_min_query_length():

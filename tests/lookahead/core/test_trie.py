@@ -1,3 +1,5 @@
+import random
+
 from lookahead.core.trie import TokenTrie
 
 
@@ -116,3 +118,30 @@ def test_merge_adds_every_node_and_count_and_keeps_the_bound():
         big.add_sequence([i, i + 1, i + 2])
     small.merge(big)
     assert small.node_count <= 16
+
+
+def test_the_memory_holds_nothing_the_garbage_collector_walks():
+    # A full collection walks every tracked container; a trie has no cycles, so it is built of parts the
+    # collector does not walk (dicts of ints, an array of floats): a few objects, however many nodes.
+    import gc
+
+    gc.collect()
+    before = len(gc.get_objects())
+    rng = random.Random(0)
+    t = TokenTrie(ngram_length=5, max_nodes=3000)
+    for _ in range(100):
+        t.add_sequence([rng.randrange(50) for _ in range(40)])
+    assert t.node_count > 1000 and t.evictions > 0
+    gc.collect()
+    assert len(gc.get_objects()) - before <= 8
+    assert not any(gc.is_tracked(kids) for kids in t._kids.values())  # a node's children: ints only
+
+
+def test_evicted_ids_are_taken_again_and_counts_stay_consistent():
+    t = TokenTrie(ngram_length=4, max_nodes=200)
+    for i in range(100):
+        t.add_sequence([i % 50, (i * 3) % 50, (i * 7) % 50, 1, 2])
+        ids = [c for kids in t._kids.values() for c in kids.values()]
+        assert len(ids) == len(set(ids)) == t.node_count <= 200  # every live node once, within the bound
+        assert not set(ids) & set(t._free)
+    assert len(t._counts) <= 201 + 4 * 5  # ids freed by eviction were reused: the array stays near the bound
