@@ -17,15 +17,17 @@ keeps prompts in one shared slot, so concurrent requests wipe each other's
 branches).
 
 Nodes are ids, not objects. A node's children are a dict of token -> child id
-(`_kids[node]`, only for nodes with children) and its count a float in an
-array (`_counts[node]`; a dropped node's id is taken again). Dicts of ints
-and arrays are never tracked by Python's cyclic garbage collector, so a full
-collection does not walk the memory:
-with ~900k nodes it took ~470 ms as one object (and one dict) per node, and
-~22 ms this way, the one tracked dict of dicts (docs/benchmarks.md, "Host
-work a step"). A trie has no cycles, so the collector had nothing to find
-there anyway. `find` and `root` hand out `TrieNode` views (count, children)
-made on demand, the same interface as the n-gram index's `RangeNode`.
+(`_kids[node]`, only for nodes with children), and its count is a float in
+one array (`_counts[node]`). A dropped node's id is taken again. Python's
+cyclic garbage collector never tracks a dict of ints, and the array holds
+no references. So a full collection, which stops the engine thread, does
+not walk the memory. With ~918k nodes a pass took ~460 ms as one object
+(and one dict) per node, and ~16 ms this way, over the one tracked dict of
+dicts (docs/benchmarks.md, "Garbage-collector pauses from the output
+memory"). A trie has no cycles, so the collector never had anything to find
+there. `find` and `root` hand out `TrieNode` views (count, children) made on
+demand. draft.py reads nodes by id (`locate`, `has_children`, `count_of`,
+`branch`), as it reads the n-gram index's `RangeNode`s.
 
 Pure Python; no torch.
 """
