@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria  # noqa: E402
+from lookahead.core import heap  # noqa: E402
 from lookahead.core.step_table import StepTable  # noqa: E402
 from lookahead.engine import engine as engine_module  # noqa: E402
 from lookahead.engine.engine import Engine  # noqa: E402
@@ -44,6 +45,7 @@ def main() -> None:
     table.rate = 0.0
     engine = Engine(LookaheadDecoder(runner, LookaheadConfig(), table=table),
                     SchedulerConfig(max_batch_size=args.rows, max_tokens_per_step=16 * args.rows))
+    heap.settle()  # as a replica does once it has loaded: full collections no longer walk the model
     planning = [0.0]
     real = engine_module.plan_step
 

@@ -8,8 +8,11 @@ returns a node whose `count` is how many n-grams pass through it and whose
 
 A trie pays one Python object and a few dictionary steps per token of every
 n-gram up front (up to 13 nodes per token) before the request's first
-draft. Here the n-grams are Python lists sorted once (the comparisons run in
-C): some forty times cheaper (docs/benchmarks.md, "Kernel measurements"). The
+draft. Here the n-grams are tuples in one list, sorted once (the comparisons
+run in C): some forty times cheaper (docs/benchmarks.md, "Kernel
+measurements"). Tuples of ints, unlike lists, leave the garbage collector's
+tracking at its first pass, so a long prompt's n-grams add nothing to its
+full passes. The
 n-grams below a trie node are then one contiguous run of the sorted list, so
 a node is just that run (`lo`, `hi`) and its depth, and its children are found
 by binary search when something asks for them. A proposal looks at a few dozen
@@ -33,7 +36,7 @@ next `extend`. Pure Python; no torch.
 from bisect import bisect_left, insort
 from collections.abc import Sequence
 
-_TOP = 1 << 62  # above every token id: key + [_TOP] sorts after every n-gram that starts with key
+_TOP = 1 << 62  # above every token id: key + (_TOP,) sorts after every n-gram that starts with key
 _NONE: list[int] = []  # shared by every node without tails: never appended to (see `children`)
 _BULK = 32  # appending more tokens than this at once sorts the whole list again instead of inserting each
 
@@ -62,7 +65,7 @@ class RangeNode:
             i = self.lo if d < index.ngram_length else hi  # a path of n tokens has nothing below it
             while i < hi:
                 tok = keys[i][d]
-                j = bisect_left(keys, keys[i][:d] + [tok, _TOP], i + 1, hi)
+                j = bisect_left(keys, keys[i][:d] + (tok, _TOP), i + 1, hi)
                 kids[tok] = RangeNode(index, i, j, d + 1, _NONE)
                 i = j
             new = False
@@ -81,7 +84,7 @@ class NGramIndex:
         assert ngram_length >= 2
         self.ngram_length = ngram_length
         self.stop_words = stop_words
-        self.keys: list[list[int]] = []  # sorted: every complete n-gram, as a list of n tokens
+        self.keys: list[tuple[int, ...]] = []  # sorted: every complete n-gram, a tuple of n tokens
         self.seq: Sequence[int] = ()  # the sequence indexed (its first `length` tokens); the tails are read here
         self.length = 0
         self._tails: dict[int, list[int]] | None = None  # first token -> starts of cut-short n-grams (see find)
@@ -91,7 +94,7 @@ class NGramIndex:
         assert old_len == self.length, "extend the index from where it stopped"
         n, stop, keys = self.ngram_length, self.stop_words, self.keys
         # the n-grams the new tokens complete: those starting at s with old_len < s + n <= new_len
-        fresh = [list(seq[s : s + n]) for s in range(max(0, old_len - n + 1), new_len - n + 1) if seq[s] not in stop]
+        fresh = [tuple(seq[s : s + n]) for s in range(max(0, old_len - n + 1), new_len - n + 1) if seq[s] not in stop]
         if len(fresh) > _BULK:
             keys.extend(fresh)
             keys.sort()
@@ -118,15 +121,15 @@ class NGramIndex:
 
     def find(self, key: Sequence[int]) -> RangeNode | None:
         """The node of the path `key`: the n-grams that start with it, or None if none does."""
-        key = list(key)
+        key = tuple(key)
         m, seq, end = len(key), self.seq, self.length
         lo = bisect_left(self.keys, key)
-        hi = bisect_left(self.keys, key + [_TOP], lo)
+        hi = bisect_left(self.keys, key + (_TOP,), lo)
         if self._tails is None:  # the cut-short n-grams' starts, by first token: once per extend
             self._tails = {}
             for s in range(max(0, end - self.ngram_length + 1), end):
                 if seq[s] not in self.stop_words:
                     self._tails.setdefault(seq[s], []).append(s)
         starts = self._tails.get(key[0], ()) if key else [s for ss in self._tails.values() for s in ss]
-        tails = [s for s in starts if s + m <= end and list(seq[s : s + m]) == key] if starts else _NONE
+        tails = [s for s in starts if s + m <= end and tuple(seq[s : s + m]) == key] if starts else _NONE
         return RangeNode(self, lo, hi, m, tails) if hi > lo or tails else None

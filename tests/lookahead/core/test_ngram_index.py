@@ -40,3 +40,18 @@ def test_stop_words_never_start_an_ngram_and_the_tail_is_cut_short():
     node = index.find([1])
     assert node.count == 2 and set(node.children) == {2}
     assert node.children[2].count == 2 and set(node.children[2].children) == {1}  # [1, 2] at the end stops there
+
+
+def test_a_long_context_leaves_the_garbage_collector_nothing_to_walk():
+    # Its n-grams are tuples of ints: the collector stops tracking them at its first pass, so a long prompt
+    # adds nothing to later full passes, which stop the engine thread for every object they walk.
+    import gc
+
+    gc.collect()
+    before = len(gc.get_objects())
+    seq = [(i * 31 + i // 7) % 101 for i in range(5000)]
+    index = NGramIndex(13)
+    index.extend(seq, 0, len(seq))
+    assert len(index.keys) > 4900
+    gc.collect()
+    assert len(gc.get_objects()) - before <= 8
