@@ -1,9 +1,10 @@
 """Finished outputs waiting to go into the output memory, learnt while the device runs a step.
 
 Learning an output is Python over a trie: every token adds a node or a count on up to `branch_length + 1`
-n-gram paths, ~17 us a token on the 2-core dev VM (4.4 ms for a 256-token output, 17 ms for 1,000). Done the
-moment a request finishes, as it was, it stalls the engine thread between two steps; at 32 rows a request
-finishes every few steps, and on a GPU whose step costs a few milliseconds the device idles through it.
+n-gram paths, 3-4 us a token on recorded SmolLM2 outputs on the 2-core dev VM (0.2-0.5 ms an output,
+`benchmarks/learn_cost.py`; ~4 ms for a 1,000-token output). Done the moment a request finishes, as it was, it
+stalls the engine thread between two steps; at 32 rows a request finishes every few steps, and on a GPU whose
+step costs a few milliseconds the device idles through it.
 
 Nothing in the next step needs it first: the memory only proposes drafts, and drafts never change what is
 emitted. So on a device that runs queued work while the host goes on (CUDA), the engine launches the step's
@@ -24,11 +25,11 @@ Pure Python; no torch.
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lookahead.core.trie import TokenTrie
 
-CHUNK_TOKENS = 32  # tokens learnt between two looks at the device: ~0.5 ms here, the most a look can overrun by
+CHUNK_TOKENS = 32  # tokens learnt between two looks at the device: ~0.1 ms here, the most a look can overrun by
 
 
 @dataclass
@@ -39,7 +40,7 @@ class BacklogStats:
     at_once: int = 0  # on the engine thread's own time (a synchronous device, the bound, an idle engine)
     in_shadow_s: float = 0.0  # the time each took
     at_once_s: float = 0.0
-    pending: int = 0  # outputs waiting now
+    pending: int = 0  # outputs waiting (filled in by `LearnBacklog.stats`)
 
 
 class LearnBacklog:
@@ -52,7 +53,11 @@ class LearnBacklog:
         self.deferred = deferred
         self.max_outputs = max_outputs
         self._queue: deque[list] = deque()  # [tokens, learnt so far], oldest first
-        self.stats = BacklogStats()
+        self._learnt = BacklogStats()  # the counts so far
+
+    @property
+    def stats(self) -> BacklogStats:
+        return replace(self._learnt, pending=len(self._queue))
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -63,7 +68,6 @@ class LearnBacklog:
 
     def add_sequence(self, tokens: list[int]) -> None:
         self._queue.append([tokens, 0])
-        self.stats.pending = len(self._queue)
         limit = self.max_outputs if self.deferred else 0
         while len(self._queue) > limit:
             self._learn_oldest(None, shadow=False)
@@ -85,11 +89,10 @@ class LearnBacklog:
         self.memory.extend(tokens, done, end)
         took = time.perf_counter() - t0
         item[1] = end
-        st = self.stats
+        st = self._learnt
         if shadow:
             st.in_shadow, st.in_shadow_s = st.in_shadow + end - done, st.in_shadow_s + took
         else:
             st.at_once, st.at_once_s = st.at_once + end - done, st.at_once_s + took
         if end == len(tokens):
             self._queue.popleft()
-        st.pending = len(self._queue)
