@@ -18,6 +18,7 @@ from benchmarks.gpu.record import SectionRecord, Throttle
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
+from lookahead.model import attention, tree_attention
 from lookahead.model.runner import ModelRunner
 from lookahead.model.static_step import StaticSteps
 
@@ -134,6 +135,88 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
         cache.close()
     if static is not None:
         rec.put(("cuda_graphs",), {"captured": static.captures, "replays": static.replays, "capturing": static.capture})
+    attention_kernels(rec, sz, fused is not None)
+
+
+KERNEL_CHUNKS = (128, 256, 512, None)  # None: one chunk over the whole walk (no split)
+
+
+def _best_us(fn, device: str, runs: int = 5) -> float:
+    """fn's time, the best of `runs` after two warm-ups: CUDA events on CUDA, the wall clock elsewhere."""
+    for _ in range(2):
+        fn()
+    best = float("inf")
+    for _ in range(runs):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, (time.perf_counter() - t0) * 1e6)
+    return best
+
+
+def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
+    """One layer's exact attention at each profiled (rows, width), a chain tree in every row after
+    `profile_context` tokens, the pool in bf16: the static step's float64 path (gather each row's bucket of
+    positions, `exact_sdpa`) against tree_attention.py's fp32 kernel at each chunk size of KERNEL_CHUNKS. Which
+    chunk to fix for a model (every step must use the same) is read from these: a split fills the GPU at one
+    row and a long context, and costs its partial states' traffic at many rows."""
+    shape, ctx = sz.profile_shape, sz.profile_context
+    heads, kvh = shape["num_attention_heads"], shape["num_key_value_heads"]
+    dim = shape["hidden_size"] // heads
+    dev, bf16 = torch.device(sz.device), torch.bfloat16
+    gen = torch.Generator().manual_seed(5)
+    rec.put(("attention", "chunk_in_use"), tree_attention.CHUNK)
+    for rows, width in sz.profile_batches:
+        if rec.over():
+            return
+        span = ctx + width
+        kv = 1 << max(8, (span - 1).bit_length())  # the static step's bucket of positions (buckets.py)
+        keys = torch.randn(rows * span + 1, kvh, dim, generator=gen).to(dev, bf16)
+        values = torch.randn(rows * span + 1, kvh, dim, generator=gen).to(dev, bf16)
+        q = torch.randn(rows * width, heads, dim, generator=gen).to(dev, bf16)
+        offsets = torch.arange(rows, device=dev) * span
+        lengths = torch.full((rows,), ctx, device=dev)
+        depths = torch.arange(width, device=dev).repeat(rows)  # a chain: token w at depth w
+        anc = torch.ones(width, width, dtype=torch.bool, device=dev).tril().expand(rows, width, width)
+        paths = tree_attention.ancestor_paths(anc, depths.view(rows, width)).flatten(0, 1)
+        walk = lengths + width
+        cols = torch.arange(kv, device=dev)
+        src = (offsets[:, None] + torch.minimum(cols[None], walk[:, None] - 1)).flatten()  # [rows * kv]
+        mask = (cols[None, None, :] < ctx + torch.arange(width, device=dev)[None, :, None] + 1)[:, None]
+        mask = mask.expand(rows, 1, width, kv)
+        scale = dim ** -0.5
+
+        def gathered():
+            k = keys.index_select(0, src).view(rows, kv, kvh, dim).transpose(1, 2)
+            v = values.index_select(0, src).view(rows, kv, kvh, dim).transpose(1, 2)
+            return attention.exact_sdpa(None, q.view(rows, width, heads, dim).transpose(1, 2), k, v, mask,
+                                        scaling=scale)[0]
+
+        key = f"{rows}x{width}"
+        rec.put(("attention", key, "float64_gathered_us"), _best_us(gathered, sz.device))
+        if not kernel:
+            continue
+        for chunk in KERNEL_CHUNKS:
+            if rec.over():
+                return
+            c = chunk or -(-kv // tree_attention.BN) * tree_attention.BN
+            try:
+                us = _best_us(lambda: tree_attention.attend(q, keys, values, offsets, lengths, depths, paths, walk,
+                                                            rows, width, scale, kv, c), sz.device)
+            except Exception as e:  # noqa: BLE001 - a kernel's first GPU run: its failure is a finding
+                rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}"), {"error": f"{type(e).__name__}: {e}"[:500]})
+                return
+            rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}_us"), us)
+        got = tree_attention.attend(q, keys, values, offsets, lengths, depths, paths, walk, rows, width, scale, kv)
+        ref = gathered().reshape(got.shape)  # the kernel is attention: within bf16 rounding of float64's
+        rec.put(("attention", key, "kernel_max_abs_diff_vs_float64"), (got.float() - ref.float()).abs().max().item())
 
 
 # ---- C. timing grid -----------------------------------------------------------------------------------------

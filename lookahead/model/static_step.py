@@ -226,7 +226,7 @@ class StaticSteps:
 
                 def attend(i, q, keys, values, batch):
                     return tree_attention.attend(q, keys, values, sb.offsets, sb.lengths, sb.reach, paths, sb.walk,
-                                                 R, W, step.scale)
+                                                 R, W, step.scale, K)
 
                 return step.forward(sb.batch, pools, attend, exact)
 

@@ -18,6 +18,14 @@ no-ops of the online softmax (the max unchanged, a rescale by exp(0) = 1, a sum 
 are fp32 sums over the head dimension of one fixed shape ([BM, BN, DP] products, reduced over DP), so a
 (query, key) pair's score is made the same way in every block.
 
+The walk is split into chunks of CHUNK virtual positions, one program each, and a second kernel folds the
+chunks' states (max, sum, weighted values) in chunk order (flash-decoding's split: without it one row at a
+2k context is 4 programs for a Qwen2-7B layer, on a GPU of 132 SMs). The chunk edges are fixed virtual
+positions, the same in a tree and plainly, and a chunk a query does not reach folds as an exact no-op, so
+the fixed split keeps every bit; CHUNK is a constant of the code for that reason, not a tuning of the call.
+Its size trades the split's parallelism at few rows against its partial states' traffic at many (at 32
+rows x 16 tokens, 2k: ~67 MB a layer at 256); the GPU check's section P times 128, 256, 512 and no split.
+
 On CUDA the kernel is compiled by Triton; on the CPU it runs under Triton's interpreter
 (`TRITON_INTERPRET=1`), which is how the tests prove the algorithm's invariance without a GPU. What the
 interpreter cannot show is the GPU's own rounding and speed: the GPU check's section P measures both.
@@ -31,6 +39,8 @@ import torch
 
 ENV = "LOOKAHEAD_TREE_ATTENTION"
 BM, BN = 8, 16  # queries and virtual key positions a program takes at once: constants, for invariance
+CHUNK = 256  # virtual positions a program walks (16 blocks); a constant too: chunk edges fix the fold's order
+BQ = 16  # (token, head) pairs a program of the chunks' fold takes
 NUM_WARPS = 4
 
 
@@ -57,13 +67,13 @@ def usable(device: torch.device) -> bool:
 
 
 @cache
-def _kernel(interpret: bool):
-    """The jitted kernel, made on first use in each mode (Triton decides at decoration whether it interprets)."""
+def _kernels(interpret: bool):
+    """The jitted kernels, made on first use in each mode (Triton decides at decoration whether it interprets)."""
     import triton
 
-    from lookahead.model.tree_attention_kernel import tree_attention
+    from lookahead.model import tree_attention_kernel as src
 
-    return triton.jit(tree_attention)
+    return triton.jit(src.tree_attention), triton.jit(src.combine)
 
 
 def ancestor_paths(anc: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
@@ -78,21 +88,37 @@ def ancestor_paths(anc: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
            depths: torch.Tensor, paths: torch.Tensor, kv_walk: torch.Tensor, rows: int, width: int,
-           scale: float) -> torch.Tensor:
+           scale: float, max_walk: int, chunk: int | None = None) -> torch.Tensor:
     """q [rows * width, heads, dim] (row-major tokens); keys/values the pool [slots, kv_heads, dim]; per row
     `offsets`, `lengths` (its committed tokens), `kv_walk` (virtual positions to walk: length + the step's
-    width, or anything covering every query's last); per token `depths` [rows * width] (-1: it attends no tree
-    position, as padding must, since its path may point past what the row wrote) and `paths`
-    [rows * width, width]. Returns [rows * width, heads, dim] in q's dtype."""
+    width, or anything covering every query's last), at most `max_walk` (a bound known on the host: the
+    bucket's positions, so the launch reads nothing back); per token `depths` [rows * width] (-1: it attends no
+    tree position, as padding must, since its path may point past what the row wrote) and `paths`
+    [rows * width, width]. Returns [rows * width, heads, dim] in q's dtype.
+
+    The walk is split into chunks of `chunk` virtual positions, one program each (flash-decoding's split, so
+    one row at a long context still fills the GPU), and the chunks' states are folded in chunk order by
+    `combine`. Chunk edges sit at fixed virtual positions and a chunk a query does not reach folds as an exact
+    no-op, so a query's bits do not depend on how many chunks the call has, nor on whether it has one (then the
+    first kernel writes the output itself). `chunk` must be the same for every step of a model (a multiple of
+    BN; None: CHUNK, read at the call, so a test may shrink it for a whole engine)."""
+    chunk = CHUNK if chunk is None else chunk
     T, H, D = q.shape
-    assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride()
+    assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride() and chunk % BN == 0
     kvh = keys.shape[1]
     groups = H // kvh
     out = torch.empty_like(q)
-    grid = (rows, kvh, -(-(width * groups) // BM))
+    chunks = max(1, -(-max_walk // chunk))
+    split = chunks > 1
     dp = 1 << (D - 1).bit_length()
-    _kernel(interpreting())[grid](
-        q, keys, values, out, offsets, lengths, depths, paths, kv_walk,
+    part = q.new_empty((T, H, chunks, dp) if split else (1,), dtype=torch.float32)  # each chunk's sum of P V
+    part_ml = q.new_empty((T, H, chunks, 2) if split else (1,), dtype=torch.float32)  # and its (max, sum of P)
+    first, fold = _kernels(interpreting())
+    first[(rows, kvh, -(-(width * groups) // BM) * chunks)](
+        q, keys, values, out, part, part_ml, offsets, lengths, depths, paths, kv_walk,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), out.stride(0), out.stride(1),
-        width, groups, scale, D=D, DP=dp, BM=BM, BN=BN, num_warps=NUM_WARPS)
+        width, groups, H, chunks, scale, D=D, DP=dp, BM=BM, BN=BN, CH=chunk, SPLIT=split, num_warps=NUM_WARPS)
+    if split:
+        fold[(-(-T * H // BQ),)](out, part, part_ml, kv_walk, out.stride(0), out.stride(1), T * H, H, width, chunks,
+                                  D=D, DP=dp, CH=chunk, BQ=BQ, num_warps=NUM_WARPS)
     return out

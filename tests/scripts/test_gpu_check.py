@@ -57,6 +57,16 @@ def test_profile_lists_the_kernels_of_each_step_exact_and_stock(smoke):
     assert p["cuda_graphs"]["capturing"] is False and p["cuda_graphs"]["captured"] == 0  # CPU: the same, eager
 
 
+def test_profile_times_one_layers_attention_float64_and_the_kernel_at_each_chunk(smoke):
+    att = smoke["P_profile"]["result"]["attention"]
+    assert att.pop("chunk_in_use") > 0 and set(att) == {"1x1", "4x4"}
+    for batch in att.values():
+        assert batch.pop("kernel_max_abs_diff_vs_float64") < 2 ** -6  # bf16 outputs of the same attention
+        assert set(batch) == {"float64_gathered_us", "kernel_chunk_128_us", "kernel_chunk_256_us",
+                              "kernel_chunk_512_us", "kernel_chunk_whole_us"}
+        assert all(us > 0 for us in batch.values())
+
+
 def test_agreement_has_both_levels_in_bf16_and_is_token_for_token(smoke):
     b = smoke["B_agreement"]["result"]
     assert list(b) == ["bfloat16", "float32"]  # bf16 first: it is what GPUs serve

@@ -32,8 +32,9 @@ def depths_of(parents):
     return out
 
 
-def run(q, pool_k, pool_v, rows):
-    """rows: (offset, length, width, parents) each; q [rows * W, heads, dim] for W the widest width."""
+def run(q, pool_k, pool_v, rows, chunk=None, max_walk=None):
+    """rows: (offset, length, width, parents) each; q [rows * W, heads, dim] for W the widest width; `chunk`
+    the kernel's split (default: the module's), `max_walk` the launch's bound (default: the longest walk)."""
     W = max(r[2] for r in rows)
     R = len(rows)
     anc = torch.zeros(R, W, W, dtype=torch.bool)
@@ -47,7 +48,7 @@ def run(q, pool_k, pool_v, rows):
     lengths = torch.tensor([r[1] for r in rows])
     walk = lengths + torch.tensor([r[2] for r in rows])
     return tree_attention.attend(q, pool_k, pool_v, offsets, lengths, depths.flatten(), paths.flatten(0, 1),
-                                 walk, R, W, DIM ** -0.5)
+                                 walk, R, W, DIM ** -0.5, max_walk or int(walk.max()), chunk)
 
 
 def pool(slots, seed):
@@ -56,11 +57,16 @@ def pool(slots, seed):
             torch.randn(slots, KV_HEADS, DIM, generator=g).bfloat16())
 
 
-def test_a_draft_gets_the_bits_of_the_same_token_decoded_plainly():
-    off, L = 5, 37
+CHUNKS = [16, 32, tree_attention.CHUNK]  # one block a chunk; a chunk edge inside the tree (L = 37); unsplit
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("L", [37, 44])  # 44: the tree crosses the edge at 48, which its shallow drafts do not reach
+def test_a_draft_gets_the_bits_of_the_same_token_decoded_plainly(chunk, L):
+    off = 5
     k, v = pool(200, 0)
     q = torch.randn(len(PARENTS), HEADS, DIM, generator=torch.Generator().manual_seed(1)).bfloat16()
-    tree = run(q, k, v, [(off, L, len(PARENTS), PARENTS)])
+    tree = run(q, k, v, [(off, L, len(PARENTS), PARENTS)], chunk)
     depths = depths_of(PARENTS)
     for w, d in enumerate(depths):
         path = [w]
@@ -70,28 +76,42 @@ def test_a_draft_gets_the_bits_of_the_same_token_decoded_plainly():
         pk, pv = k.clone(), v.clone()  # plainly: the ancestors committed one after another after the context
         pk[off + L : off + L + d + 1] = k[[off + L + a for a in path]]
         pv[off + L : off + L + d + 1] = v[[off + L + a for a in path]]
-        plain = run(q[w : w + 1], pk, pv, [(off, L + d, 1, [-1])])
+        plain = run(q[w : w + 1], pk, pv, [(off, L + d, 1, [-1])], chunk)
         assert torch.equal(tree[w], plain[0]), f"token {w} at depth {d}"
 
 
-def test_a_row_gets_the_same_bits_alone_and_beside_others_at_a_wider_bucket():
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_a_row_gets_the_same_bits_alone_and_beside_others_at_a_wider_bucket(chunk):
     k, v = pool(400, 2)
     mine = (100, 61, len(PARENTS), PARENTS)
     q_alone = torch.randn(len(PARENTS), HEADS, DIM, generator=torch.Generator().manual_seed(3)).bfloat16()
-    alone = run(q_alone, k, v, [mine])
+    alone = run(q_alone, k, v, [mine], chunk)
     W = 16  # the bucket: every row padded to 16 tokens
     rows = [(0, 90, 3, [-1, 0, 1]), mine, (200, 7, 1, [-1]), (250, 130, 16, [-1] + list(range(15)))]
     q = torch.randn(len(rows) * W, HEADS, DIM, generator=torch.Generator().manual_seed(4)).bfloat16()
     q[W : W + len(PARENTS)] = q_alone
-    batch = run(q, k, v, rows)
+    batch = run(q, k, v, rows, chunk, max_walk=512)  # a bucket's bound past every walk: chunks no row reaches
     assert torch.equal(batch[W : W + len(PARENTS)], alone)
 
 
-def test_it_is_attention_within_bf16_rounding_of_the_float64_reference():
+def test_chunks_a_query_does_not_reach_fold_as_exact_no_ops():
+    """The same call split into chunks that end past every query (a larger bound), or left in one chunk, gives
+    the same bits: the fold of the chunks' states is the single chunk's output when only one is reached."""
+    k, v = pool(300, 7)
+    rows = [(3, 20, len(PARENTS), PARENTS), (100, 9, 3, [-1, 0, 0])]
+    q = torch.randn(2 * len(PARENTS), HEADS, DIM, generator=torch.Generator().manual_seed(8))  # fp32 out: every bit
+    one = run(q, k, v, rows, chunk=32)  # both walks fit one chunk: the first kernel writes the output
+    split = run(q, k, v, rows, chunk=32, max_walk=200)  # seven chunks, six of them reached by no query
+    assert torch.equal(one, split)
+    assert not torch.equal(run(q, k, v, rows, chunk=16), one)  # (a chunk edge inside the walk moves bits)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_it_is_attention_within_bf16_rounding_of_the_float64_reference(chunk):
     off, L = 9, 50
     k, v = pool(120, 5)
     q = torch.randn(len(PARENTS), HEADS, DIM, generator=torch.Generator().manual_seed(6)).bfloat16()
-    got = run(q, k, v, [(off, L, len(PARENTS), PARENTS)])
+    got = run(q, k, v, [(off, L, len(PARENTS), PARENTS)], chunk)
     n = L + len(PARENTS)
     mask = torch.ones(len(PARENTS), n, dtype=torch.bool)
     mask[:, L:] = torch.from_numpy(ancestor_matrix(PARENTS))
@@ -101,11 +121,14 @@ def test_it_is_attention_within_bf16_rounding_of_the_float64_reference():
     torch.testing.assert_close(got, ref[0], rtol=0, atol=2 ** -7)  # about one bf16 unit at these magnitudes
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_bf16_lookahead_through_the_kernel_decodes_exactly_what_plain_decoding_does(family, monkeypatch):
+@pytest.mark.parametrize("family,chunk", [("llama", None), ("qwen3", None), ("qwen2", 32)])
+def test_bf16_lookahead_through_the_kernel_decodes_exactly_what_plain_decoding_does(family, chunk, monkeypatch):
     """The static step with the kernel as its attention (LOOKAHEAD_TREE_ATTENTION=triton), four requests at
-    once, fixed budgets so every tree is verified: the tokens equal the same engine's plain decoding."""
+    once, fixed budgets so every tree is verified: the tokens equal the same engine's plain decoding; with
+    chunks of two blocks too, so steps split their walks into several chunks."""
     monkeypatch.setenv(tree_attention.ENV, "triton")
+    if chunk:
+        monkeypatch.setattr(tree_attention, "CHUNK", chunk)
     runner = ModelRunner(tiny(family).to(torch.bfloat16), static_step=True)
     assert runner.static.tree_attention
     drafted, plain = lookahead_and_plain(runner, 30, StepTable.flat())
