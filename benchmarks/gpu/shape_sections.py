@@ -136,6 +136,44 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
     if static is not None:
         rec.put(("cuda_graphs",), {"captured": static.captures, "replays": static.replays, "capturing": static.capture})
     attention_kernels(rec, sz, fused is not None)
+    gemm_rows(rec, sz, model)
+
+
+GEMM_ROWS = (1, 16, 128, 256, 512, 1024)
+
+
+def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
+    """Is the stock GEMM row-invariant, and what does a row cost at each call size? For the first layer's MLP
+    weights and the LM head, in the model's dtype: at EXACT_GPU_ROWS rows (the exact path's fixed call), whether
+    a row's output is the same bits at any position of the call (`position_invariant`: rows rolled by 37); then
+    at each of GEMM_ROWS rows, whether the first rows (the same inputs) come out as at EXACT_GPU_ROWS
+    (`rows_equal_to_fixed`) and the call's time (µs, best of 5). Where a wider call gives the same bits, the exact
+    path could call one shape that reads each weight once for more rows (FixedRowsLinear pads to 128 rows a
+    call, so 512 tokens read the weights 4 times); `padded_us` is what it costs today."""
+    import torch.nn.functional as F
+
+    from lookahead.model.fast_linear import EXACT_GPU_ROWS, FixedRowsLinear
+
+    layer = model.model.layers[0].mlp
+    weights = {"gate_proj": layer.gate_proj, "down_proj": layer.down_proj, "lm_head": model.lm_head}
+    gen = torch.Generator().manual_seed(9)
+    fixed = FixedRowsLinear()
+    for name, mod in weights.items():
+        if rec.over():
+            return
+        w = mod.weight
+        x = torch.randn(max(GEMM_ROWS), w.shape[1], generator=gen).to(w.device, w.dtype)
+        ref = F.linear(x[:EXACT_GPU_ROWS], w)
+        rolled = F.linear(x[:EXACT_GPU_ROWS].roll(37, 0), w).roll(-37, 0)
+        item = {"shape": list(w.shape), "dtype": str(w.dtype), "position_invariant": torch.equal(ref, rolled),
+                "rows": {}}
+        for m in GEMM_ROWS:
+            y = F.linear(x[:m], w)
+            n = min(m, EXACT_GPU_ROWS)
+            item["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(y[:n], ref[:n]),
+                                    "us": _best_us(lambda m=m: F.linear(x[:m], w), sz.device),
+                                    "padded_us": _best_us(lambda m=m: fixed(x[:m], mod), sz.device)}
+        rec.put(("gemm", name), item)
 
 
 KERNEL_CHUNKS = (128, 256, 512, None)  # None: one chunk over the whole walk (no split)

@@ -67,6 +67,17 @@ def test_profile_times_one_layers_attention_float64_and_the_kernel_at_each_chunk
         assert all(us > 0 for us in batch.values())
 
 
+def test_profile_asks_whether_the_stock_gemm_is_row_invariant_at_each_call_size(smoke):
+    gemm = smoke["P_profile"]["result"]["gemm"]
+    assert set(gemm) == {"gate_proj", "down_proj", "lm_head"}
+    for item in gemm.values():
+        assert isinstance(item["position_invariant"], bool) and item["dtype"] == "torch.bfloat16"
+        assert set(item["rows"]) == {"1", "16", "128", "256", "512", "1024"}
+        for m, r in item["rows"].items():
+            assert r["us"] > 0 and r["padded_us"] > 0 and isinstance(r["rows_equal_to_fixed"], bool)
+        assert item["rows"]["128"]["rows_equal_to_fixed"] is True  # the same call twice: the same bits
+
+
 def test_agreement_has_both_levels_in_bf16_and_is_token_for_token(smoke):
     b = smoke["B_agreement"]["result"]
     assert list(b) == ["bfloat16", "float32"]  # bf16 first: it is what GPUs serve
