@@ -52,10 +52,10 @@ class Sizes:
 
 
 # The default run fits 8 minutes on one H200 with everything as slow as at 625c5d5 (a SmolLM2 step ~40 ms, HF
-# generate 34 tok/s, a 7B verify 65 ms): B's bf16 share holds ~3 prompts x 128 tokens one at a time (HF
+# generate 34 tok/s, a 7B verify 65 ms): B's bf16 share holds ~2 prompts x 128 tokens one at a time (HF
 # generate 3.8 s, our plain 5.3 s, lookahead 2.2 s each) and one wave of 16; F's level 1 holds 4 prompts x 64
 # tokens in four arms (~30 s a set).
-FULL = Sizes("cuda", 480, {"A": 30, "P": 40, "C": 50, "D": 40, "E": 70, "F": 120, "B": 105},
+FULL = Sizes("cuda", 480, {"A": 30, "P": 60, "C": 50, "D": 40, "E": 70, "F": 120, "B": 85},
              agreement_prompts=32, agreement_batch=16, agreement_tokens=128, agreement_levels=(1, 16),
              profile_shape=QWEN2_7B, profile_context=2048, profile_batches=((1, 1), (32, 16)),
              grid_rows=(1, 8, 32), grid_widths=(1, 4, 16, 32), grid_contexts=(512, 2048, 8192), grid_shape=QWEN2_7B,

@@ -7,6 +7,7 @@ step, not the text.
 import time
 import warnings
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -18,7 +19,7 @@ from benchmarks.gpu.record import SectionRecord, Throttle
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
-from lookahead.model import attention, tree_attention
+from lookahead.model import attention, tree_attention, triton_gemm
 from lookahead.model.runner import ModelRunner
 from lookahead.model.static_step import StaticSteps
 
@@ -95,9 +96,29 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
     # the static step with the exact fp32 tree attention kernel (tree_attention.py), where Triton runs
     fused = StaticSteps(own, runner._attention_modules(), runner.device, fused=True) if own is not None else None
     fused = fused if fused is not None and fused.tree_attention else None
+    # the static step with every exact linear through triton_gemm.py's kernel, where Triton runs (its own graphs)
+    gemm, gemm_paths = None, {}
+    if own is not None and runner._fast.exact and triton_gemm.usable(runner.device):
+        gemm = StaticSteps(own, runner._attention_modules(), runner.device, fused=False, variant="triton_gemm")
+        gemm_paths = {id(m): triton_gemm.TritonLinear(m) for m in runner._fast.linears}
     arms = (("exact", True, own, None), ("exact_static", True, own, static), ("exact_static_fused", True, own, fused),
-            ("stock", False, own, None), ("exact_hf_forward", True, None, None))
+            ("exact_static_triton_gemm", True, own, gemm), ("stock", False, own, None),
+            ("exact_hf_forward", True, None, None))
+    kernel_arms = ("exact_static_fused", "exact_static_triton_gemm")  # first GPU runs: a failure is a finding
     broken: set[str] = set()  # arms that failed once (the kernel's): not run again
+
+    @contextmanager
+    def linears_of(static_of):
+        """Every exact linear through the Triton GEMM while `static_of` is the GEMM arm's."""
+        swap = static_of is gemm and gemm is not None
+        old = {id(m): m._lookahead_exact for m in runner._fast.linears} if swap else {}
+        for m in runner._fast.linears if swap else ():
+            m._lookahead_exact = gemm_paths[id(m)]
+        try:
+            yield
+        finally:
+            for m in runner._fast.linears if swap else ():
+                m._lookahead_exact = old[id(m)]
     for rows, width in sz.profile_batches:
         cache = _batch(runner, single, rows, widest + 1)
         trees = [chain(tokens[:width])] * rows
@@ -111,9 +132,10 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
 
             runner.step, runner.static = step_of, static_of
             try:
-                rec.put(("steps", f"{rows}x{width}", name), profile_step(step, sz.device, runner.num_layers))
+                with linears_of(static_of):
+                    rec.put(("steps", f"{rows}x{width}", name), profile_step(step, sz.device, runner.num_layers))
             except Exception as e:  # noqa: BLE001 - the kernel's first GPU run: its failure is a finding, not the end
-                if name != "exact_static_fused":
+                if name not in kernel_arms:
                     raise
                 rec.put(("steps", f"{rows}x{width}", name), {"error": f"{type(e).__name__}: {e}"[:2000]})
                 broken.add(name)
@@ -122,16 +144,21 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
         if static is not None and not rec.over():  # the static steps' tokens are the eager step's
             picks = []
             fused_ok = fused is not None and "exact_static_fused" not in broken
-            for static_of in (None, static, fused if fused_ok else None):
+            gemm_ok = gemm is not None and "exact_static_triton_gemm" not in broken
+            for static_of in (None, static, fused if fused_ok else None, gemm if gemm_ok else None):
                 if static_of is None and picks:
+                    picks.append(None)
                     continue
                 runner.static = static_of
-                out = runner.verify_batch(cache, trees, width, ragged=runner.ragged)
+                with linears_of(static_of):
+                    out = runner.verify_batch(cache, trees, width, ragged=runner.ragged)
                 picks.append([out[b][:width].argmax(-1).tolist() for b in range(rows)])
             runner.static = static
             rec.put(("steps", f"{rows}x{width}", "static_argmax_equals_eager"), picks[0] == picks[1])
             if fused_ok:
                 rec.put(("steps", f"{rows}x{width}", "static_fused_argmax_equals_eager"), picks[0] == picks[2])
+            if gemm_ok:
+                rec.put(("steps", f"{rows}x{width}", "static_triton_gemm_argmax_equals_eager"), picks[0] == picks[3])
         cache.close()
     if static is not None:
         rec.put(("cuda_graphs",), {"captured": static.captures, "replays": static.replays, "capturing": static.capture})
@@ -149,7 +176,9 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
     at each of GEMM_ROWS rows, whether the first rows (the same inputs) come out as at EXACT_GPU_ROWS
     (`rows_equal_to_fixed`) and the call's time (µs, best of 5). Where a wider call gives the same bits, the exact
     path could call one shape that reads each weight once for more rows (FixedRowsLinear pads to 128 rows a
-    call, so 512 tokens read the weights 4 times); `padded_us` is what it costs today."""
+    call, so 512 tokens read the weights 4 times); `padded_us` is what it costs today. The same for
+    triton_gemm.py's kernel (`triton`), where Triton runs: whether its rows are invariant as they are on the
+    CPU, and its time at each row count (it reads each weight about once at any)."""
     import torch.nn.functional as F
 
     from lookahead.model.fast_linear import EXACT_GPU_ROWS, FixedRowsLinear
@@ -173,6 +202,22 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
             item["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(y[:n], ref[:n]),
                                     "us": _best_us(lambda m=m: F.linear(x[:m], w), sz.device),
                                     "padded_us": _best_us(lambda m=m: fixed(x[:m], mod), sz.device)}
+        rec.put(("gemm", name), item)
+        if not triton_gemm.usable(w.device) or rec.over():
+            continue
+        try:
+            tg = triton_gemm.TritonLinear(mod)
+            ref = tg.mm(x[:EXACT_GPU_ROWS], mod)
+            item["triton"] = {"splits": tg.splits, "position_invariant":
+                              torch.equal(ref, tg.mm(x[:EXACT_GPU_ROWS].roll(37, 0), mod).roll(-37, 0)),
+                              "max_abs_diff_vs_stock": (ref.float() - F.linear(x[:EXACT_GPU_ROWS], w).float()).abs()
+                              .max().item(), "rows": {}}
+            for m in GEMM_ROWS:
+                n = min(m, EXACT_GPU_ROWS)
+                item["triton"]["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(tg.mm(x[:m], mod)[:n], ref[:n]),
+                                                  "us": _best_us(lambda m=m: tg.mm(x[:m], mod), sz.device)}
+        except Exception as e:  # noqa: BLE001 - the kernel's first GPU run: its failure is a finding
+            item["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
         rec.put(("gemm", name), item)
 
 

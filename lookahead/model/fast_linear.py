@@ -35,7 +35,8 @@ rows on an Intel Xeon, whose oneDNN picks another kernel: a reduction order
 is a property of the machine, so the fallback does not rely on one.) It
 costs four times the half-precision weight in memory and a float64 GEMM.
 Checked bitwise for 1 to 40 rows in `tests/lookahead/model/test_exact.py`. On a
-GPU, `FixedRowsLinear` calls the stock GEMM with one fixed shape instead.
+GPU, `FixedRowsLinear` calls the stock GEMM with one fixed shape instead (or, with
+LOOKAHEAD_EXACT_GEMM=triton, triton_gemm.py's fixed-tile kernel, which reads each weight once at any rows).
 """
 
 import logging
@@ -46,7 +47,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from lookahead.model import exact_linear
+from lookahead.model import exact_linear, triton_gemm
 from lookahead.model.kv_memory import host_available_bytes
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,10 @@ class FixedRowsLinear:
 
 def exact_path(mod: torch.nn.Linear):
     """The batch-invariant linear for this module's weight: native on CPU where it builds, float64 on CPU
-    otherwise, fixed-shape GEMMs on a GPU."""
+    otherwise, fixed-shape GEMMs on a GPU; triton_gemm.py's kernel where LOOKAHEAD_EXACT_GEMM=triton asks for it
+    and Triton runs (compiled on CUDA; on the CPU only under its interpreter, for the tests)."""
+    if triton_gemm.wanted() and triton_gemm.usable(mod.weight.device):
+        return triton_gemm.TritonLinear(mod)
     if mod.weight.device.type != "cpu":
         return FixedRowsLinear()
     native = exact_linear.kernel()
@@ -208,6 +212,7 @@ class FastLinears:
         self.enabled = enabled and not exact
         skip = {id(m) for m in unpacked}
         linears = [mod for mod in model.modules() if type(mod) is torch.nn.Linear] + list(extra)
+        self.linears = linears
         for mod in linears:  # an exact runner's stock-kernel forwards (prefill) take _fast_linear too
             mod._lookahead_rows_via_wx = ROWS_VIA_WX
         if exact:

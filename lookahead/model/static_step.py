@@ -162,10 +162,13 @@ class StaticSteps:
     """Runs decode steps at bucketed shapes through `step`, captured as CUDA graphs on CUDA (module doc)."""
 
     def __init__(self, step: DecoderStep, modules: list[torch.nn.Module], device: torch.device,
-                 capture: bool | None = None, max_graphs: int = MAX_GRAPHS, fused: bool | None = None) -> None:
+                 capture: bool | None = None, max_graphs: int = MAX_GRAPHS, fused: bool | None = None,
+                 variant: str = "") -> None:
         """`fused`: exact steps attend with tree_attention.py's kernel (fp32, over the pool in place) instead of
-        gathering and float64; None: where LOOKAHEAD_TREE_ATTENTION=triton asks for it and Triton can run."""
-        self.step, self.modules, self.device = step, modules, device
+        gathering and float64; None: where LOOKAHEAD_TREE_ATTENTION=triton asks for it and Triton can run.
+        `variant`: a name for graphs captured with other kernels inside (the GPU check's other exact linears),
+        so that they are never replayed for this one's steps over the same cache."""
+        self.step, self.modules, self.device, self.variant = step, modules, device, variant
         if fused is None:
             fused = tree_attention.wanted()
         self.tree_attention = fused and tree_attention.usable(device)
@@ -189,7 +192,7 @@ class StaticSteps:
         budget's activation probe measures this step run eagerly)."""
         shape = self.shape_of(len(trees), width, max(cache.lengths) + width)
         records: OrderedDict = cache.captured.setdefault("static", OrderedDict())
-        key = (shape, exact, self.tree_attention)  # (two StaticSteps over one cache keep their own graphs)
+        key = (shape, exact, self.tree_attention, self.variant)  # (two StaticSteps over one cache: their own graphs)
         rec = records.get(key)
         if rec is None:
             rec = records[key] = StepGraph(StaticInputs.new(shape, self.device))

@@ -107,7 +107,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
     assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride() and chunk % BN == 0
     kvh = keys.shape[1]
     groups = H // kvh
-    out = torch.empty_like(q)
+    # (the interpreter rounds a downcast toward zero, where the GPU rounds to nearest: it writes fp32 here, and
+    # torch rounds it as the GPU would)
+    out = torch.empty_like(q, dtype=torch.float32 if interpreting() else q.dtype)
     chunks = max(1, -(-max_walk // chunk))
     split = chunks > 1
     dp = 1 << (D - 1).bit_length()
@@ -121,4 +123,4 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
     if split:
         fold[(-(-T * H // BQ),)](out, part, part_ml, kv_walk, out.stride(0), out.stride(1), T * H, H, width, chunks,
                                   D=D, DP=dp, CH=chunk, BQ=BQ, num_warps=NUM_WARPS)
-    return out
+    return out.to(q.dtype)

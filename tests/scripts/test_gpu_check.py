@@ -48,7 +48,9 @@ def test_profile_lists_the_kernels_of_each_step_exact_and_stock(smoke):
         assert batch.pop("static_argmax_equals_eager") is True
         # the tree attention kernel runs under Triton's interpreter here (tests/conftest.py): its arm is there too
         assert batch.pop("static_fused_argmax_equals_eager") is True
-        assert set(batch) == {"exact", "exact_static", "exact_static_fused", "stock", "exact_hf_forward"}
+        assert batch.pop("static_triton_gemm_argmax_equals_eager") is True  # (the Triton GEMM, interpreted too)
+        assert set(batch) == {"exact", "exact_static", "exact_static_fused", "exact_static_triton_gemm", "stock",
+                              "exact_hf_forward"}
         for step in batch.values():
             assert step["wall_ms"] > 0 and step["kernel_us"] > 0 and 0 < step["top_share_of_kernels"] <= 1
             assert 0 < len(step["top"]) <= 15 and all(k["name"] and k["calls"] >= 1 for k in step["top"])
@@ -76,6 +78,10 @@ def test_profile_asks_whether_the_stock_gemm_is_row_invariant_at_each_call_size(
         for m, r in item["rows"].items():
             assert r["us"] > 0 and r["padded_us"] > 0 and isinstance(r["rows_equal_to_fixed"], bool)
         assert item["rows"]["128"]["rows_equal_to_fixed"] is True  # the same call twice: the same bits
+        tg = item["triton"]  # the Triton GEMM, under the interpreter here (tests/conftest.py)
+        assert tg["splits"] >= 1 and isinstance(tg["position_invariant"], bool) and tg["max_abs_diff_vs_stock"] < 0.1
+        assert set(tg["rows"]) == set(item["rows"]) and all(r["us"] > 0 for r in tg["rows"].values())
+        assert all(r["rows_equal_to_fixed"] is True for r in tg["rows"].values())  # (the CPU's numpy shows this)
 
 
 def test_agreement_has_both_levels_in_bf16_and_is_token_for_token(smoke):
