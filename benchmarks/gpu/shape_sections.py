@@ -20,8 +20,9 @@ from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
 from lookahead.model import attention, tree_attention, triton_gemm
-from lookahead.model.runner import ModelRunner
-from lookahead.model.static_step import StaticSteps
+from lookahead.core.buckets import step_shape
+from lookahead.model.runner import DeviceClock, ModelRunner
+from lookahead.model.static_step import StaticInputs, StaticSteps, static_batch
 
 TOP_KERNELS = 15
 
@@ -207,14 +208,13 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
             continue
         try:
             tg = triton_gemm.TritonLinear(mod)
-            ref = tg.mm(x[:EXACT_GPU_ROWS], mod)
+            tref = tg.mm(x[:EXACT_GPU_ROWS], mod)
             item["triton"] = {"splits": tg.splits, "position_invariant":
-                              torch.equal(ref, tg.mm(x[:EXACT_GPU_ROWS].roll(37, 0), mod).roll(-37, 0)),
-                              "max_abs_diff_vs_stock": (ref.float() - F.linear(x[:EXACT_GPU_ROWS], w).float()).abs()
-                              .max().item(), "rows": {}}
+                              torch.equal(tref, tg.mm(x[:EXACT_GPU_ROWS].roll(37, 0), mod).roll(-37, 0)),
+                              "max_abs_diff_vs_stock": (tref.float() - ref.float()).abs().max().item(), "rows": {}}
             for m in GEMM_ROWS:
                 n = min(m, EXACT_GPU_ROWS)
-                item["triton"]["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(tg.mm(x[:m], mod)[:n], ref[:n]),
+                item["triton"]["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(tg.mm(x[:m], mod)[:n], tref[:n]),
                                                   "us": _best_us(lambda m=m: tg.mm(x[:m], mod), sz.device)}
         except Exception as e:  # noqa: BLE001 - the kernel's first GPU run: its failure is a finding
             item["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
@@ -225,31 +225,30 @@ KERNEL_CHUNKS = (128, 256, 512, None)  # None: one chunk over the whole walk (no
 
 
 def _best_us(fn, device: str, runs: int = 5) -> float:
-    """fn's time, the best of `runs` after two warm-ups: CUDA events on CUDA, the wall clock elsewhere."""
+    """fn's time, the best of `runs` after two warm-ups: the device's own (DeviceClock's CUDA events, synced
+    here) on CUDA, the wall clock elsewhere."""
     for _ in range(2):
         fn()
-    best = float("inf")
+    clock, best = DeviceClock(torch.device(device)), float("inf")
     for _ in range(runs):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, (time.perf_counter() - t0) * 1e6)
+        t0 = time.perf_counter()
+        clock.start()
+        fn()
+        clock.stop()
+        if clock.cuda:
+            torch.cuda.synchronize()
+        ms = clock.ms()
+        best = min(best, (ms if ms is not None else (time.perf_counter() - t0) * 1e3) * 1e3)
     return best
 
 
 def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
     """One layer's exact attention at each profiled (rows, width), a chain tree in every row after
-    `profile_context` tokens, the pool in bf16: the static step's float64 path (gather each row's bucket of
-    positions, `exact_sdpa`) against tree_attention.py's fp32 kernel at each chunk size of KERNEL_CHUNKS. Which
-    chunk to fix for a model (every step must use the same) is read from these: a split fills the GPU at one
-    row and a long context, and costs its partial states' traffic at many rows."""
+    `profile_context` tokens, the pool in bf16, with the static step's own inputs (`static_batch` of its
+    bucket): its float64 path (gather each row's bucket of positions, `exact_sdpa`) against tree_attention.py's
+    fp32 kernel at each chunk size of KERNEL_CHUNKS. Which chunk to fix for a model (every step must use the
+    same) is read from these: a split fills the GPU at one row and a long context, and costs its partial
+    states' traffic at many rows."""
     shape, ctx = sz.profile_shape, sz.profile_context
     heads, kvh = shape["num_attention_heads"], shape["num_key_value_heads"]
     dim = shape["hidden_size"] // heads
@@ -259,28 +258,27 @@ def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
     for rows, width in sz.profile_batches:
         if rec.over():
             return
-        span = ctx + width
-        kv = 1 << max(8, (span - 1).bit_length())  # the static step's bucket of positions (buckets.py)
+        span = ctx + width  # each row's slots in the pool; one more, the trash slot, after them all
+        bucket = step_shape(rows, width, span)
+        R, W, K = bucket.rows, bucket.width, bucket.kv
+        inputs = StaticInputs.new(bucket, dev)
+        inputs.fill([chain(list(range(width)))] * rows, [ctx] * rows, [r * span for r in range(rows)], width)
+        sb = static_batch(inputs, trash=rows * span)
         keys = torch.randn(rows * span + 1, kvh, dim, generator=gen).to(dev, bf16)
         values = torch.randn(rows * span + 1, kvh, dim, generator=gen).to(dev, bf16)
-        q = torch.randn(rows * width, heads, dim, generator=gen).to(dev, bf16)
-        offsets = torch.arange(rows, device=dev) * span
-        lengths = torch.full((rows,), ctx, device=dev)
-        depths = torch.arange(width, device=dev).repeat(rows)  # a chain: token w at depth w
-        anc = torch.ones(width, width, dtype=torch.bool, device=dev).tril().expand(rows, width, width)
-        paths = tree_attention.ancestor_paths(anc, depths.view(rows, width)).flatten(0, 1)
-        walk = lengths + width
-        cols = torch.arange(kv, device=dev)
-        src = (offsets[:, None] + torch.minimum(cols[None], walk[:, None] - 1)).flatten()  # [rows * kv]
-        mask = (cols[None, None, :] < ctx + torch.arange(width, device=dev)[None, :, None] + 1)[:, None]
-        mask = mask.expand(rows, 1, width, kv)
+        q = torch.randn(R * W, heads, dim, generator=gen).to(dev, bf16)
+        paths = tree_attention.ancestor_paths(sb.anc, sb.depths.view(R, W)).flatten(0, 1)
         scale = dim ** -0.5
 
-        def gathered():
-            k = keys.index_select(0, src).view(rows, kv, kvh, dim).transpose(1, 2)
-            v = values.index_select(0, src).view(rows, kv, kvh, dim).transpose(1, 2)
-            return attention.exact_sdpa(None, q.view(rows, width, heads, dim).transpose(1, 2), k, v, mask,
+        def gathered():  # as the static step's float64 attention (static_step.StaticSteps._function)
+            k = keys.index_select(0, sb.src).view(R, K, kvh, dim).transpose(1, 2)
+            v = values.index_select(0, sb.src).view(R, K, kvh, dim).transpose(1, 2)
+            return attention.exact_sdpa(None, q.view(R, W, heads, dim).transpose(1, 2), k, v, sb.batch.mask,
                                         scaling=scale)[0]
+
+        def fused(chunk=None):
+            return tree_attention.attend(q, keys, values, sb.offsets, sb.lengths, sb.reach, paths, sb.walk, R, W,
+                                         scale, K, chunk)
 
         key = f"{rows}x{width}"
         rec.put(("attention", key, "float64_gathered_us"), _best_us(gathered, sz.device))
@@ -289,15 +287,14 @@ def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
         for chunk in KERNEL_CHUNKS:
             if rec.over():
                 return
-            c = chunk or -(-kv // tree_attention.BN) * tree_attention.BN
+            c = chunk or -(-K // tree_attention.BN) * tree_attention.BN
             try:
-                us = _best_us(lambda: tree_attention.attend(q, keys, values, offsets, lengths, depths, paths, walk,
-                                                            rows, width, scale, kv, c), sz.device)
+                us = _best_us(lambda: fused(c), sz.device)
             except Exception as e:  # noqa: BLE001 - a kernel's first GPU run: its failure is a finding
                 rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}"), {"error": f"{type(e).__name__}: {e}"[:500]})
                 return
             rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}_us"), us)
-        got = tree_attention.attend(q, keys, values, offsets, lengths, depths, paths, walk, rows, width, scale, kv)
+        got = fused()
         ref = gathered().reshape(got.shape)  # the kernel is attention: within bf16 rounding of float64's
         rec.put(("attention", key, "kernel_max_abs_diff_vs_float64"), (got.float() - ref.float()).abs().max().item())
 
