@@ -61,6 +61,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def output_for(like: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """The buffer a Triton kernel writes its output of `shape` into, in `like`'s dtype; fp32 under the
+    interpreter, which rounds a downcast toward zero where the GPU rounds to nearest: the caller then rounds it
+    with `.to(like.dtype)`, as the GPU would (a no-op on the GPU)."""
+    return like.new_empty(shape, dtype=torch.float32 if interpreting() else like.dtype)
+
+
 def usable(device: torch.device) -> bool:
     """Can the kernel run on `device`: compiled on CUDA, interpreted on the CPU when TRITON_INTERPRET=1."""
     return available() and (device.type == "cuda" or device.type == "cpu" and interpreting())
@@ -107,9 +114,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
     assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride() and chunk % BN == 0
     kvh = keys.shape[1]
     groups = H // kvh
-    # (the interpreter rounds a downcast toward zero, where the GPU rounds to nearest: it writes fp32 here, and
-    # torch rounds it as the GPU would)
-    out = torch.empty_like(q, dtype=torch.float32 if interpreting() else q.dtype)
+    out = output_for(q, q.shape)
     chunks = max(1, -(-max_walk // chunk))
     split = chunks > 1
     dp = 1 << (D - 1).bit_length()

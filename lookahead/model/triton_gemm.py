@@ -78,9 +78,7 @@ class TritonLinear:
         M, K = x.shape
         N = w.shape[0]
         interpret = tree_attention.interpreting()
-        # (the interpreter rounds a downcast toward zero, where the GPU rounds to nearest: it writes fp32 here,
-        # and torch rounds it as the GPU would)
-        out = x.new_empty((M, N), dtype=torch.float32 if interpret else x.dtype)
+        out = tree_attention.output_for(x, (M, N))
         if M == 0:
             return out.to(x.dtype)
         split = self.splits > 1
