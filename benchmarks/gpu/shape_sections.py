@@ -19,7 +19,7 @@ from benchmarks.gpu.record import SectionRecord, Throttle
 from lookahead import LookaheadConfig, LookaheadDecoder, StopCriteria
 from lookahead.engine.engine import Engine
 from lookahead.engine.scheduler import SchedulerConfig
-from lookahead.model import attention, tree_attention, triton_gemm
+from lookahead.model import attention, tree_attention, triton_build, triton_gemm
 from lookahead.core.buckets import step_shape
 from lookahead.model.runner import DeviceClock, ModelRunner
 from lookahead.model.static_step import StaticInputs, StaticSteps, static_batch
@@ -219,6 +219,7 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
         except Exception as e:  # noqa: BLE001 - the kernel's first GPU run: its failure is a finding
             item["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
         rec.put(("gemm", name), item)
+    rec.put(("gemm", "compiled"), triton_build.compiled(triton_gemm._kernels(tree_attention.interpreting())))
 
 
 KERNEL_CHUNKS = (128, 256, 512, None)  # None: one chunk over the whole walk (no split)
@@ -294,6 +295,8 @@ def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
                 rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}"), {"error": f"{type(e).__name__}: {e}"[:500]})
                 return
             rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}_us"), us)
+        walks = tree_attention._kernels(tree_attention.interpreting())
+        rec.put(("attention", "compiled"), triton_build.compiled(walks))
         got = fused()
         ref = gathered().reshape(got.shape)  # the kernel is attention: within bf16 rounding of float64's
         rec.put(("attention", key, "kernel_max_abs_diff_vs_float64"), (got.float() - ref.float()).abs().max().item())

@@ -38,10 +38,15 @@ from functools import cache
 import torch
 
 ENV = "LOOKAHEAD_TREE_ATTENTION"
-BM, BN = 8, 16  # queries and virtual key positions a program takes at once: constants, for invariance
-CHUNK = 256  # virtual positions a program walks (16 blocks); a constant too: chunk edges fix the fold's order
-BQ = 16  # (token, head) pairs a program of the chunks' fold takes
-NUM_WARPS = 4
+# Queries and virtual key positions a program takes at once, and its warps: constants, for invariance. Sized by
+# what ptxas makes of them for sm_90 (triton_build; tests/lookahead/model/test_triton_build.py): at head dim 128,
+# 8 x 16 on 4 warps needs 255 registers a thread and spills; 8 x 8 on 8 warps needs 167 and spills nothing, at the
+# same 8 resident warps an SM.
+BM, BN, NUM_WARPS = 8, 8, 8
+CHUNK = 256  # virtual positions a program walks (32 blocks); a constant too: chunk edges fix the fold's order
+BQ, FOLD_WARPS = 16, 4  # (token, head) pairs a program of the chunks' fold takes, and its warps
+FP_FUSION = True  # mul + add contracted to FMA: chosen here, as Triton 3.10 flips its default (3.9 fuses)
+INT32 = 2**31  # the kernel's offsets are 32-bit: every index into q, the pool and the partials stays below
 
 
 def wanted() -> bool:
@@ -73,14 +78,25 @@ def usable(device: torch.device) -> bool:
     return available() and (device.type == "cuda" or device.type == "cpu" and interpreting())
 
 
+# Arguments that vary from step to step (the bucket's width, the walk's chunks) are not specialised: Triton would
+# otherwise compile another kernel for a value of 1 or a multiple of 16, and a plain step (width 1) would run
+# other code than a tree step, whose bits it must match. What Triton may specialise is fixed by the model.
+STEP_VARYING = ["W", "NCH"], ["TH", "W", "NCH"]
+
+
+def make_kernels(jit) -> tuple:
+    """(walk, fold) from the Triton source, with `jit` (triton.jit, or JITFunction for triton_build)."""
+    from lookahead.model import tree_attention_kernel as src
+
+    return tuple(jit(f, do_not_specialize=v) for f, v in zip((src.tree_attention, src.combine), STEP_VARYING))
+
+
 @cache
 def _kernels(interpret: bool):
     """The jitted kernels, made on first use in each mode (Triton decides at decoration whether it interprets)."""
     import triton
 
-    from lookahead.model import tree_attention_kernel as src
-
-    return triton.jit(src.tree_attention), triton.jit(src.combine)
+    return make_kernels(triton.jit)
 
 
 def ancestor_paths(anc: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
@@ -112,6 +128,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
     chunk = CHUNK if chunk is None else chunk
     T, H, D = q.shape
     assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride() and chunk % BN == 0
+    assert max(keys.numel(), q.numel()) < INT32, "a pool layer this large needs the kernel's 64-bit offsets"
     kvh = keys.shape[1]
     groups = H // kvh
     out = output_for(q, q.shape)
@@ -120,12 +137,15 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
     dp = 1 << (D - 1).bit_length()
     part = q.new_empty((T, H, chunks, dp) if split else (1,), dtype=torch.float32)  # each chunk's sum of P V
     part_ml = q.new_empty((T, H, chunks, 2) if split else (1,), dtype=torch.float32)  # and its (max, sum of P)
+    assert T * H * chunks * dp < INT32
     first, fold = _kernels(interpreting())
     first[(rows, kvh, -(-(width * groups) // BM) * chunks)](
         q, keys, values, out, part, part_ml, offsets, lengths, depths, paths, kv_walk,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), out.stride(0), out.stride(1),
-        width, groups, H, chunks, scale, D=D, DP=dp, BM=BM, BN=BN, CH=chunk, SPLIT=split, num_warps=NUM_WARPS)
+        width, groups, H, chunks, scale, D=D, DP=dp, BM=BM, BN=BN, CH=chunk, SPLIT=split, num_warps=NUM_WARPS,
+        enable_fp_fusion=FP_FUSION)
     if split:
         fold[(-(-T * H // BQ),)](out, part, part_ml, kv_walk, out.stride(0), out.stride(1), T * H, H, width, chunks,
-                                  D=D, DP=dp, CH=chunk, BQ=BQ, num_warps=NUM_WARPS)
+                                  D=D, DP=dp, CH=chunk, BQ=BQ, num_warps=FOLD_WARPS,
+                                  enable_fp_fusion=FP_FUSION)
     return out.to(q.dtype)

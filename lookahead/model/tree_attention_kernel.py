@@ -22,8 +22,8 @@ def tree_attention(Q, KP, VP, OUT, PACC, PML, OFF, LEN, DEP, PATH, NKV,
     dm = d < D
     qmask = valid[:, None] & dm[None, :]
     q = tl.load(Q + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :], mask=qmask, other=0.0).to(tl.float32)
-    off, L, n = tl.load(OFF + b), tl.load(LEN + b), tl.load(NKV + b)
-    dep = tl.load(DEP + t, mask=valid, other=0)  # [BM]
+    off, L, n = tl.load(OFF + b).to(tl.int32), tl.load(LEN + b).to(tl.int32), tl.load(NKV + b).to(tl.int32)
+    dep = tl.load(DEP + t, mask=valid, other=0).to(tl.int32)  # [BM]
     mx = tl.full([BM], -1e30, tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DP], tl.float32)
@@ -33,7 +33,7 @@ def tree_attention(Q, KP, VP, OUT, PACC, PML, OFF, LEN, DEP, PATH, NKV,
         ctx = rel < 0
         ok = valid[:, None] & (ctx | (rel <= dep[:, None]))  # [BM, BN] may attend
         step = tl.minimum(tl.maximum(rel, 0), W - 1)
-        anc = tl.load(PATH + t[:, None] * W + step, mask=ok & (rel >= 0), other=0)  # [BM, BN]
+        anc = tl.load(PATH + t[:, None] * W + step, mask=ok & (rel >= 0), other=0).to(tl.int32)  # [BM, BN]
         slot = tl.where(ctx, off + p[None, :], off + L + anc)
         at = slot[:, :, None] * sk_p + g * sk_h + d[None, None, :]  # [BM, BN, DP]
         lm = ok[:, :, None] & dm[None, None, :]

@@ -42,13 +42,23 @@ def usable(device: torch.device) -> bool:
     return tree_attention.usable(device)
 
 
+# The row count is never specialised (at 1, or a multiple of 16, Triton would compile other code): a row's bits
+# come from one kernel at every row count. The weight's own sizes may be.
+STEP_VARYING = ["M"], ["M"]
+
+
+def make_kernels(jit) -> tuple:
+    """(gemm, fold) from the Triton source, with `jit` (triton.jit, or JITFunction for triton_build)."""
+    from lookahead.model import triton_gemm_kernel as src
+
+    return tuple(jit(f, do_not_specialize=v) for f, v in zip((src.gemm, src.fold), STEP_VARYING))
+
+
 @cache
 def _kernels(interpret: bool):
     import triton
 
-    from lookahead.model import triton_gemm_kernel as src
-
-    return triton.jit(src.gemm), triton.jit(src.fold)
+    return make_kernels(triton.jit)
 
 
 def splits(n: int, k: int, sms: int) -> tuple[int, int]:
@@ -88,10 +98,11 @@ class TritonLinear:
         first[(-(-M // BM) * -(-N // BN), self.splits)](
             x, w, bias, out, part, M, N, K, self.ks, x.stride(0), w.stride(0), out.stride(0),
             BM=BM, BN=BN, BK=BK, GROUP=GROUP, SPLIT=split, HAS_BIAS=self.bias is not None, WIDEN=interpret,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=tree_attention.FP_FUSION)
         if split:
             fold[(-(-M * N // FOLD_BLOCK),)](part, bias, out, M, N, self.splits, out.stride(0), BLOCK=FOLD_BLOCK,
-                                             HAS_BIAS=self.bias is not None, num_warps=NUM_WARPS)
+                                             HAS_BIAS=self.bias is not None, num_warps=NUM_WARPS,
+                                             enable_fp_fusion=tree_attention.FP_FUSION)
         return out.to(x.dtype)
 
     def __call__(self, x: torch.Tensor, mod: torch.nn.Linear) -> torch.Tensor:
