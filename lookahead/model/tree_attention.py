@@ -128,7 +128,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offsets: t
     chunk = CHUNK if chunk is None else chunk
     T, H, D = q.shape
     assert q.stride(2) == 1 and keys.stride(2) == 1 and keys.stride() == values.stride() and chunk % BN == 0
-    assert max(keys.numel(), q.numel()) < INT32, "a pool layer this large needs the kernel's 64-bit offsets"
+    assert max(keys.numel(), q.numel()) < INT32, "a pool layer past kv_memory.POOL_LAYER_ELEMENTS: the ledger caps it"
     kvh = keys.shape[1]
     groups = H // kvh
     out = output_for(q, q.shape)

@@ -35,6 +35,9 @@ from unittest import mock
 
 import torch
 
+from lookahead.model import flagships
+from lookahead.model.flagships import FLAGSHIPS, Shape
+
 H100 = 90  # the compute capability of H100 and H200 (sm_90)
 H100_SMS = 132
 REGISTERS_PER_SM = 65536
@@ -146,20 +149,27 @@ def build(launch: Launch, arch: int = H100) -> KernelBuild:
     assert found, f"no resource usage in cuobjdump's output: {usage!r}"
     reg, stack, _, local = (int(x) for x in found.groups())
     shared = compiled.metadata.shared  # (dynamic shared memory, which cuobjdump's static count leaves out)
-    names = {fn.arg_names[path[0]]: value for path, value in constexprs.items()}
-    return KernelBuild(fn.fn.__name__, names, options.num_warps, reg, stack, shared, local)
+    return KernelBuild(fn.fn.__name__, _named(fn, constexprs), options.num_warps, reg, stack, shared, local)
+
+
+def _named(fn, constants: dict) -> dict:
+    """A specialisation's constants {(argument index,): value} by argument name."""
+    return {fn.arg_names[path[0]]: value for path, value in constants.items()}
 
 
 def compiled(kernels) -> list[dict]:
     """What the JIT compiled for `kernels` (jitted Triton functions) on this process's GPU: each
-    specialisation's registers and spills, as ptxas reported them there (the offline build's check on the
-    device). Interpreted kernels compile nothing: []."""
+    specialisation's constexprs, registers and spills, as ptxas reported them there (the offline build's check
+    on the device). Interpreted kernels compile nothing: []."""
     out = []
     for kernel in kernels:
         for caches in getattr(kernel, "device_caches", {}).values():
             for binary in caches[0].values():
                 binary._init_handles()  # (loads the binary if it was not yet: sets n_regs and n_spills)
+                constants = getattr(getattr(binary, "src", None), "constants", None) or {}
                 out.append({"kernel": kernel.fn.__name__, "num_warps": binary.metadata.num_warps,
+                            "constexprs": {k: v for k, v in _named(kernel, constants).items()
+                                           if isinstance(v, (bool, int, float, str))},
                             "registers": binary.n_regs, "spill_bytes": binary.n_spills})
     return out
 
@@ -176,25 +186,6 @@ def distinct(launches: list[Launch], arch: int = H100) -> list[Launch]:
     return out
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What a model's shape gives the kernels, from its checkpoint's config.json."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    qkv_bias: bool
-
-
-MODELS = {
-    "SmolLM2-135M": Shape(9, 3, 64, 576, 1536, 49152, False),
-    "Qwen2-7B": Shape(28, 4, 128, 3584, 18944, 152064, True),
-    "Qwen-14B": Shape(40, 40, 128, 5120, 13696, 152064, True),
-    "ChatGLM3-6B": Shape(32, 2, 128, 4096, 13696, 65024, True),
-}
 STEPS = ((1, 1, 100), (1, 1, 2048), (32, 16, 2048))  # (rows, width, context): one chunk, split, widest
 
 
@@ -225,26 +216,24 @@ def linear_launches(out_features: int, in_features: int, bias: bool, rows: int, 
 
 
 def model_launches(shape: Shape, kernels: tuple[str, ...]) -> list[Launch]:
-    """Every specialisation a model's steps launch: attention at STEPS; its linears at 1 and 512 rows."""
+    """Every specialisation a model's steps launch: attention at STEPS; each of its linears at 1 and 512 rows."""
     out = []
     if "attention" in kernels:
         out += [launch for step in STEPS for launch in attention_launches(shape, *step)]
     if "gemm" in kernels:
-        linears = ((shape.heads * shape.head_dim, shape.hidden, shape.qkv_bias),  # q_proj
-                   (shape.hidden, shape.intermediate, False), (shape.intermediate, shape.hidden, False),  # MLP
-                   (shape.vocab, shape.hidden, False))  # lm_head
-        out += [launch for n, k, bias in linears for rows in (1, 512) for launch in linear_launches(n, k, bias, rows)]
+        out += [launch for lin in shape.linears for rows in (1, 512)
+                for launch in linear_launches(lin.out_features, lin.in_features, lin.bias, rows)]
     return distinct(out)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(FLAGSHIPS), choices=list(FLAGSHIPS))
     ap.add_argument("--kernels", nargs="+", default=["attention", "gemm"], choices=["attention", "gemm"])
     ap.add_argument("--arch", type=int, default=H100, help="compute capability x 10 (90: H100, H200)")
     args = ap.parse_args(argv)
     for model in args.models:
-        for launch in model_launches(MODELS[model], tuple(args.kernels)):
+        for launch in model_launches(flagships.shape(model), tuple(args.kernels)):
             b = build(launch, args.arch)
             print(json.dumps({"model": model, "kernel": b.name, "constexprs": b.constexprs, "num_warps": b.num_warps,
                               "registers": b.registers, "stack_bytes": b.stack_bytes, "local_bytes": b.local_bytes,

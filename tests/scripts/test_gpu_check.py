@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu.shape_sections import KERNEL_TILES
+from lookahead.model import tree_attention
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "scripts" / "gpu_check.py")
 SECTIONS = ("A_startup", "P_profile", "C_timing", "D_load", "E_memory", "F_speedup", "B_agreement")
@@ -59,13 +62,19 @@ def test_profile_lists_the_kernels_of_each_step_exact_and_stock(smoke):
     assert p["cuda_graphs"]["capturing"] is False and p["cuda_graphs"]["captured"] == 0  # CPU: the same, eager
 
 
-def test_profile_times_one_layers_attention_float64_and_the_kernel_at_each_chunk(smoke):
+def test_profile_times_one_layers_attention_float64_and_the_kernel_at_each_chunk_and_tile(smoke):
     att = smoke["P_profile"]["result"]["attention"]
     assert att.pop("chunk_in_use") > 0
     assert att.pop("compiled") == []  # (registers and spills of what the GPU compiled: nothing, interpreted)
     assert set(att) == {"1x1", "4x4"}
     for batch in att.values():
         assert batch.pop("kernel_max_abs_diff_vs_float64") < 2 ** -6  # bf16 outputs of the same attention
+        tiles = {k: batch.pop(k) for k in list(batch) if k.startswith("tile_")}
+        in_use = tree_attention.BM, tree_attention.BN, tree_attention.NUM_WARPS
+        assert in_use in KERNEL_TILES and set(tiles) == {"tile_{}x{}_w{}".format(*t) + ("_in_use" if t == in_use else "")
+                                                         for t in KERNEL_TILES}
+        for tile in tiles.values():  # every tile is the same attention, so within bf16 rounding of float64
+            assert tile["us"] > 0 and tile["max_abs_diff_vs_float64"] < 2 ** -6
         assert set(batch) == {"float64_gathered_us", "kernel_chunk_128_us", "kernel_chunk_256_us",
                               "kernel_chunk_512_us", "kernel_chunk_whole_us"}
         assert all(us > 0 for us in batch.values())

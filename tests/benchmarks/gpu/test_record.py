@@ -75,3 +75,20 @@ def test_a_throttle_calls_at_most_once_a_period():
     for _ in range(5):
         t()
     assert calls == [1]
+
+
+def test_a_section_whose_process_dies_keeps_its_items_and_says_how_it_died(tmp_path):
+    import sys
+
+    from benchmarks.gpu.record import run_isolated
+
+    path = tmp_path / "P_profile.json"
+    crash = ("import json, os, sys; p = sys.argv[1]; json.dump({'section': 'P profile', 'status': 'running', "
+             "'seconds': 1, 'cap_s': 9, 'machine': {}, 'result': {'item': 1}, 'error': None}, open(p, 'w')); "
+             "os._exit(134)")
+    assert run_isolated([sys.executable, "-c", crash, str(path)], path, "P profile", 60) == "failed"
+    record = json.loads(path.read_text())
+    assert record["result"] == {"item": 1} and "exit status 134" in record["error"]
+    hang = tmp_path / "C_timing.json"  # writes nothing, past its timeout: SIGTERM, then a record of it
+    assert run_isolated([sys.executable, "-c", "import time; time.sleep(60)"], hang, "C timing", 1) == "failed"
+    assert "SIGTERM" in json.loads(hang.read_text())["error"]

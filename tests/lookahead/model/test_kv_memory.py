@@ -1,11 +1,10 @@
 """KV memory: per-token bytes from the real flagship configs, the budget's precedence, and admission by the ledger.
 
-The Qwen-14B-Chat and ChatGLM3-6B `config.json` files in tests/lookahead/data are the checkpoints'
+The Qwen-14B-Chat and ChatGLM3-6B `config.json` files (lookahead/model/flagships.py) are the checkpoints'
 own shapes; they go through the same converters serving uses, and the weights are sized on the
 meta device (nothing is allocated).
 """
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,21 +13,20 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from lookahead.config import LookaheadConfig
-from lookahead.model.convert import chatglm3, qwen1
-from lookahead.model.kv_memory import SPARE_SLOTS, Budget, DeviceMemory, KVLedger, KVShape, kv_budget, staging_bytes
+from lookahead.model import flagships
+from lookahead.model.kv_memory import POOL_LAYER_ELEMENTS, SPARE_SLOTS, Budget, DeviceMemory, KVLedger, KVShape, kv_budget, staging_bytes
 from lookahead.model.sampling import SamplingParams
 from lookahead.engine.scheduler import Scheduler, SchedulerConfig
 from lookahead.engine.sequence import Sequence, StopCriteria
 from serve_app.config import AppConfig
 
-DATA = Path(__file__).parents[1] / "data"
 CONFIGS = Path(__file__).parents[3] / "configs"
 GiB = 2**30
-FLAGSHIPS = {"qwen-14b-chat": qwen1, "chatglm3-6b": chatglm3}
+NAMES = {"qwen-14b-chat": "Qwen-14B", "chatglm3-6b": "ChatGLM3-6B"}
 
 
 def native(name: str):
-    return FLAGSHIPS[name].native_config(json.loads((DATA / f"{name}.config.json").read_text()), [2], None)
+    return flagships.native(NAMES[name])
 
 
 def weight_bytes(config, dtype=torch.bfloat16) -> int:
@@ -66,7 +64,7 @@ def admit_all(s: Scheduler) -> int:
 
 
 @pytest.mark.parametrize("gib", [80, 141])
-@pytest.mark.parametrize("name", sorted(FLAGSHIPS))
+@pytest.mark.parametrize("name", sorted(NAMES))
 def test_the_plan_admits_what_fits_and_never_more(name, gib):
     config = native(name)
     shape = KVShape.of(config, 2)
@@ -163,3 +161,17 @@ def test_qwen14b_on_an_h200_holds_over_100k_tokens_and_15_of_the_gpu_checks_requ
     assert 100_000 <= ledger.token_capacity <= 125_000
     worst = 6144 + 8 + LookaheadConfig().decoding_length + 1  # section E's requests: 6,144 prompt, 8 new
     assert ledger.admissible(worst) >= 15
+
+
+def test_the_pool_stays_within_the_kernels_32_bit_offsets():
+    """One layer's keys stay below 2^31 elements whatever the budget: a 1-layer model of 8 x 128 a token given
+    64 GiB would hold 2^21 tokens and reach it; no flagship gets near it on a 141 GiB card."""
+    small = KVShape(layers=1, kv_heads=8, head_dim=128, dtype_bytes=2)
+    led = KVLedger(small, Budget(64 * GiB, "test"))
+    assert led.budget_blocks * led.block_tokens + SPARE_SLOTS > POOL_LAYER_ELEMENTS // (8 * 128)  # over the bound
+    slots = led.token_capacity + SPARE_SLOTS
+    assert slots * 8 * 128 < POOL_LAYER_ELEMENTS and (slots + led.block_tokens) * 8 * 128 >= POOL_LAYER_ELEMENTS
+    assert led.pool_bytes == slots * small.token_bytes
+    for name in NAMES:
+        whole_card = KVLedger(KVShape.of(native(name), 2), Budget(int(139.8 * GiB), "h200"))
+        assert whole_card.bound_blocks > whole_card.budget_blocks, name

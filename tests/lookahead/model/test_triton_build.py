@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from lookahead.model import tree_attention, triton_build  # noqa: E402
+from lookahead.model import flagships, tree_attention, triton_build  # noqa: E402
+from lookahead.model.flagships import FLAGSHIPS  # noqa: E402
 
 
 def builds(*args: str, code: str = "") -> list[dict]:
@@ -31,7 +32,7 @@ def every_model() -> list[dict]:
 
 
 def test_a_split_walk_records_both_kernels_and_a_short_one_only_the_first():
-    shape = triton_build.MODELS["Qwen2-7B"]
+    shape = flagships.shape("Qwen2-7B")
     split = triton_build.attention_launches(shape, rows=1, width=1, context=2048)
     assert [launch.name for launch in split] == ["tree_attention", "combine"]
     assert split[0].grid == (1, 4, -(-2049 // tree_attention.CHUNK))  # one row, 4 KV heads, 1 tile x 9 chunks
@@ -40,8 +41,8 @@ def test_a_split_walk_records_both_kernels_and_a_short_one_only_the_first():
 
 
 def test_every_kernel_builds_for_sm90_at_every_models_shape_without_spilling(every_model):
-    assert {b["model"] for b in every_model} == set(triton_build.MODELS)
-    for model in triton_build.MODELS:
+    assert {b["model"] for b in every_model} == set(FLAGSHIPS)
+    for model in FLAGSHIPS:
         kernels = {(b["kernel"], b["constexprs"].get("SPLIT")) for b in every_model if b["model"] == model}
         assert {("tree_attention", True), ("tree_attention", False), ("combine", None), ("gemm", True),
                 ("gemm", False), ("fold", None)} <= kernels, model
@@ -50,15 +51,24 @@ def test_every_kernel_builds_for_sm90_at_every_models_shape_without_spilling(eve
         assert b["warps_per_sm"] >= 8, b  # the attention walk is latency-bound: at least 8 warps an SM
 
 
-def test_a_plain_step_and_a_tree_step_run_one_compiled_kernel(every_model):
-    """Width 1 and width 16, one chunk and nine, 1 row and 512: the arguments that change from step to step
-    are not specialised, so a model compiles one walk per SPLIT, one fold, and one GEMM per (SPLIT, bias)."""
-    for model in triton_build.MODELS:
-        mine = [b for b in every_model if b["model"] == model]
-        keys = [(b["kernel"], b["constexprs"].get("SPLIT"), b["constexprs"].get("HAS_BIAS")) for b in mine]
-        assert len(keys) == len(set(keys)), (model, keys)
-        for b in mine:
-            assert not {"W", "NCH", "TH", "M"} & set(b["constexprs"]), b
+@pytest.mark.parametrize("model", FLAGSHIPS)
+def test_a_plain_step_and_a_tree_step_run_one_compiled_kernel(model):
+    """Width 1 and width 16 at one context, 1 row and 512 of a linear: the arguments that change from step to
+    step are not specialised, so the JIT's binder (which runs in this process) makes one specialisation of each
+    kernel for both. (A model's linears may differ from each other: each is fixed across steps.)"""
+    shape = flagships.shape(model)
+    plain = triton_build.attention_launches(shape, rows=1, width=1, context=2048)
+    assert triton_build.distinct(plain + triton_build.attention_launches(shape, rows=32, width=16, context=2048)) \
+        == triton_build.distinct(plain)
+    for lin in shape.linears:
+        one = triton_build.linear_launches(lin.out_features, lin.in_features, lin.bias, rows=1)
+        assert triton_build.distinct(one + triton_build.linear_launches(lin.out_features, lin.in_features, lin.bias,
+                                                                        rows=512)) == triton_build.distinct(one), lin
+
+
+def test_no_step_varying_argument_is_a_constexpr(every_model):
+    for b in every_model:
+        assert not {"W", "NCH", "TH", "M"} & set(b["constexprs"]), b
 
 
 def test_the_build_sees_a_tile_too_large_for_the_registers():
