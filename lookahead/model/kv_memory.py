@@ -24,7 +24,7 @@ The budget, in order of precedence:
 
 Whatever the budget, one layer's keys (or values) hold fewer than `POOL_LAYER_ELEMENTS`: the tree attention
 kernel indexes the pool with 32-bit offsets. No flagship reaches it on one GPU (Qwen-14B, the widest a token,
-would need 419k tokens, 328 GiB of KV); a few-layer model given a large budget would, and gets fewer blocks.
+would need 419k tokens, 320 GiB of KV); a few-layer model given a large budget would, and gets fewer blocks.
 
 Pure Python; no torch.
 """
